@@ -1,0 +1,108 @@
+"""The ONNX decoder contract, declared once; exporter, manifest and runtime all read it from here.
+
+One graph per model serves prefill (P = 0), single-token decode, chain verification and tree
+verification. See docs/onnx-contract.md for the reasoning behind each choice.
+
+Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, D = head dim):
+
+    input_ids       int64    [B, Q]
+    position_ids    int64    [B, Q]
+    attention_mask  bool     [B, 1, Q, S]     True = may attend; expresses causal chains and trees
+    past_key.N      {dtype}  [B, P, H_kv, D]  seq-major: a prefix of one [B, max_ctx, H_kv, D]
+    past_value.N    {dtype}  [B, P, H_kv, D]  buffer is a contiguous view (B = 1), so no copy
+    logits          float32  [B, Q, V]        always fp32, whatever the weights' dtype
+    hidden          {dtype}  [B, Q, H]        final hidden state (after the last norm), for Medusa
+    new_key.N       {dtype}  [B, Q, H_kv, D]  ONLY the Q new slices; the runtime owns the cache
+    new_value.N     {dtype}  [B, Q, H_kv, D]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+FORMAT_VERSION = 1
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+ATTENTION_MASK = "attention_mask"
+LOGITS = "logits"
+HIDDEN = "hidden"
+
+# Maximum |ONNX Runtime - PyTorch| on logits that the export's parity check accepts, per weight dtype.
+# fp32 measured at ~1e-5 on a 134M model; fp16 keeps ~3 significant digits.
+PARITY_TOLERANCE = {"float32": 1e-3, "float16": 5e-2}
+
+DTYPES = ("float32", "float16")
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def new_key(layer: int) -> str:
+    return f"new_key.{layer}"
+
+
+def new_value(layer: int) -> str:
+    return f"new_value.{layer}"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The fixed sizes of one decoder, recorded in the manifest; the runtime sizes its cache from them."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{k} must be a positive integer, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, element type and shape (str = dynamic axis, int = fixed)."""
+
+    name: str
+    dtype: str
+    shape: tuple[str | int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+def decoder_io(dims: ModelDims, dtype: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The (inputs, outputs) of a decoder graph with the given dims and weight/KV dtype."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
+    kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
+    inputs = [
+        TensorSpec(INPUT_IDS, "int64", ("batch", "query")),
+        TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
+        TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "past_plus_query")),
+    ]
+    outputs = [
+        TensorSpec(LOGITS, "float32", ("batch", "query", dims.vocab_size)),
+        TensorSpec(HIDDEN, dtype, ("batch", "query", dims.hidden_size)),
+    ]
+    for i in range(dims.num_layers):
+        inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
+        outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
+    return inputs, outputs
+
+
+def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
+    """The symbolic axes of each tensor, in the form ``torch.onnx.export`` takes."""
+    return {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}

@@ -1,0 +1,39 @@
+"""Typed errors. The CLI turns any :class:`SpecrtError` into a one-line message and exit code 1."""
+
+from __future__ import annotations
+
+
+class SpecrtError(Exception):
+    """Base class of every error specrt raises on purpose."""
+
+
+class ConfigError(SpecrtError, ValueError):
+    """An argument or option is out of range (temperature < 0, gamma > 64, ...)."""
+
+
+class BundleError(SpecrtError):
+    """A bundle folder is missing, incomplete, corrupt or of another format version."""
+
+
+class ModelLoadError(SpecrtError):
+    """A Hugging Face model or tokenizer could not be found or loaded."""
+
+
+class UnsupportedArchitectureError(SpecrtError):
+    """The model's architecture has no registered exporter."""
+
+
+class VocabMismatchError(SpecrtError):
+    """Target and draft tokenizers map some ids to different strings."""
+
+
+class ParityError(SpecrtError):
+    """ONNX Runtime output differs from PyTorch beyond the declared tolerance."""
+
+
+class ContextLengthError(SpecrtError):
+    """A generation would need more positions than the bundle's max context."""
+
+
+class OutputPathError(SpecrtError):
+    """The output folder exists and is not empty (without --force) or cannot be written."""

@@ -1,0 +1,137 @@
+"""``specrt export``: target (+ draft) Hugging Face models → a checked, self-describing bundle folder."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..contract import DTYPES, PARITY_TOLERANCE
+from ..errors import ConfigError, OutputPathError
+from ..manifest import Manifest, ModelEntry, TokenizerEntry
+from ..progress import Reporter, SilentReporter
+from .architectures import adapter_for
+from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
+from .onnx_export import EXPORTERS, export_decoder
+from .parity import check_parity
+from .vocab import compare_vocab
+
+DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    dtype: str = "float32"
+    opset: int = 18
+    max_context: int | None = None
+    exporter: str = "dynamo"
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 14 <= self.opset <= 23:
+            raise ConfigError(f"opset must be between 14 and 23, got {self.opset}")
+        if self.max_context is not None and self.max_context < 16:
+            raise ConfigError(f"max context must be at least 16, got {self.max_context}")
+        if self.exporter not in EXPORTERS:
+            raise ConfigError(f"exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
+
+
+def _check_output(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise OutputPathError(f"output folder {out} is not empty; pass --force to replace it")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot create {out}: parent folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write to {parent}: permission denied")
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {"specrt": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def _tokenizer_entry(tok, model_config, vocab_size: int) -> TokenizerEntry:
+    eos = model_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tok.eos_token_id is not None:
+        eos_ids.add(tok.eos_token_id)
+    bos = tok.bos_token_id
+    probe = tok("a").input_ids
+    return TokenizerEntry(file="tokenizer.json", bos_token_id=bos, eos_token_ids=tuple(sorted(eos_ids)),
+                          add_bos_token=bool(bos is not None and probe and probe[0] == bos), vocab_size=vocab_size)
+
+
+def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
+                  reporter: Reporter = SilentReporter()) -> Manifest:
+    """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed."""
+    out = Path(out)
+    _check_output(out, options.force)
+    sources = {"target": resolve_source(target)}
+    if draft is not None:
+        sources["draft"] = resolve_source(draft)
+
+    with reporter.step("Reading configs and tokenizers"):
+        configs = {role: load_config(src) for role, src in sources.items()}
+        tokenizers = {role: load_tokenizer(src) for role, src in sources.items()}
+        vocab_check = {}
+        if "draft" in sources:
+            vocab_check = compare_vocab(tokenizers["target"], tokenizers["draft"],
+                                        configs["target"].vocab_size, configs["draft"].vocab_size)
+        max_context = _max_context(options.max_context, min(
+            adapter_for(c.model_type).max_positions(c) for c in configs.values()))
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    try:
+        entries: dict[str, ModelEntry] = {}
+        for role, src in sources.items():
+            with reporter.step(f"Loading {role} {src}"):
+                model = load_causal_lm(src, options.dtype)
+                adapter = adapter_for(configs[role].model_type)(model)
+                dims = adapter.dims()
+            with reporter.step(f"Exporting {role} to ONNX ({options.exporter}, opset {options.opset})"):
+                export_decoder(adapter, tmp / f"{role}.onnx", options.dtype, options.opset, options.exporter)
+            with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
+                parity = check_parity(model, tmp / f"{role}.onnx", dims, options.dtype,
+                                      token_limit=len(tokenizers["target"]))
+            entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
+                                       dtype=options.dtype, dims=dims, parity=parity,
+                                       parity_tolerance=PARITY_TOLERANCE[options.dtype])
+            del model, adapter
+
+        with reporter.step(f"Writing bundle {out}"):
+            tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
+            manifest = Manifest(max_context=max_context,
+                                tokenizer=_tokenizer_entry(tokenizers["target"], configs["target"],
+                                                           len(tokenizers["target"])),
+                                models=entries, vocab_check=vocab_check, versions=_versions())
+            manifest.write(tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _max_context(requested: int | None, model_limit: int) -> int:
+    if requested is None:
+        return min(model_limit, DEFAULT_MAX_CONTEXT)
+    if requested > model_limit:
+        raise ConfigError(f"--max-context {requested} exceeds what the models support ({model_limit} positions)")
+    return requested

@@ -1,0 +1,67 @@
+"""Loading Hugging Face models and tokenizers from a local folder or a hub id, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ModelLoadError, UnsupportedArchitectureError
+from .architectures import adapter_for
+
+_DTYPES = {"float32": "float32", "float16": "float16"}
+
+
+def _is_path_like(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or Path(source).is_absolute() or "\\" in source or source.count("/") > 1
+
+
+def resolve_source(source: str) -> str:
+    """A local folder (must exist and hold config.json) or a hub id passed on to transformers."""
+    p = Path(source).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise ModelLoadError(f"{source} is a file; pass the model's folder (the one with config.json)")
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{source} has no config.json: not a Hugging Face model folder")
+        return str(p)
+    if _is_path_like(source):
+        raise ModelLoadError(f"model folder not found: {source}")
+    return source  # a hub id such as "Qwen/Qwen2-0.5B"; transformers resolves and caches it
+
+
+def load_config(source: str):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"could not load the config of {source!r}: {str(e).splitlines()[0]}") from None
+    adapter_for(config.model_type)  # unsupported architectures fail here, before any weights load
+    return config
+
+
+def load_causal_lm(source: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, _DTYPES[dtype]),
+                                                     attn_implementation="eager")
+    except ValueError as e:
+        # transformers raises ValueError for configs with no causal-LM head (e.g. BERT, T5 encoders).
+        raise UnsupportedArchitectureError(f"{source} is not a causal language model: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise ModelLoadError(f"could not load the weights of {source!r}: {str(e).splitlines()[0]}") from None
+    return model.eval()
+
+
+def load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"could not load the tokenizer of {source!r}: {str(e).splitlines()[0]}") from None
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(f"the tokenizer of {source!r} is not a fast tokenizer; specrt ships tokenizer.json "
+                             "and needs one (convert it with transformers' PreTrainedTokenizerFast)")
+    return tok

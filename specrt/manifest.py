@@ -1,0 +1,132 @@
+"""The bundle manifest (``specrt.json``): everything the runtime needs to know, nothing inferred from names.
+
+Written by ``specrt export``; read by the runtime with no torch or transformers installed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contract import DTYPES, FORMAT_VERSION, ModelDims, TensorSpec, decoder_io
+from .errors import BundleError
+
+MANIFEST_NAME = "specrt.json"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One exported decoder: its file, source, dims and the parity figures measured at export."""
+
+    file: str
+    source: str
+    architecture: str
+    dtype: str
+    dims: ModelDims
+    parity: dict[str, float] = field(default_factory=dict)
+    parity_tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
+
+    def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        return decoder_io(self.dims, self.dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        ins, outs = self.io()
+        d = asdict(self)
+        d["inputs"] = [s.to_json() for s in ins]
+        d["outputs"] = [s.to_json() for s in outs]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
+        return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
+                   dims=ModelDims(**d["dims"]), parity=dict(d.get("parity", {})),
+                   parity_tolerance=float(d.get("parity_tolerance", 0.0)))
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    file: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    add_bos_token: bool
+    vocab_size: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TokenizerEntry":
+        return cls(file=d["file"], bos_token_id=d.get("bos_token_id"), eos_token_ids=tuple(d["eos_token_ids"]),
+                   add_bos_token=bool(d["add_bos_token"]), vocab_size=int(d["vocab_size"]))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The whole ``specrt.json``. ``models`` maps a role ("target", "draft") to its entry."""
+
+    max_context: int
+    tokenizer: TokenizerEntry
+    models: dict[str, ModelEntry]
+    vocab_check: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if "target" not in self.models:
+            raise BundleError("manifest has no 'target' model")
+        if self.max_context < 1:
+            raise BundleError(f"max_context must be positive, got {self.max_context}")
+
+    @property
+    def target(self) -> ModelEntry:
+        return self.models["target"]
+
+    @property
+    def draft(self) -> ModelEntry | None:
+        return self.models.get("draft")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "max_context": self.max_context,
+            "tokenizer": asdict(self.tokenizer),
+            "models": {role: m.to_json() for role, m in self.models.items()},
+            "vocab_check": self.vocab_check,
+            "versions": self.versions,
+        }
+
+    def write(self, folder: Path) -> Path:
+        path = Path(folder) / MANIFEST_NAME
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+
+def load_manifest(folder: str | Path) -> Manifest:
+    """Read and validate ``folder/specrt.json``; every failure is a :class:`BundleError` naming the problem."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BundleError(f"bundle folder not found: {folder}")
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise BundleError(f"{folder} is not a specrt bundle: {MANIFEST_NAME} is missing")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path} is not valid JSON: {e}") from None
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if version != FORMAT_VERSION:
+        raise BundleError(f"{path} has format version {version!r}; this specrt reads version {FORMAT_VERSION}: "
+                          "re-export the bundle with this specrt version")
+    try:
+        manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
+                            models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
+                            vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
+    for rel in [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]:
+        if not (folder / rel).is_file():
+            raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
+    return manifest

@@ -1,0 +1,30 @@
+"""Attention masks and position offsets in the contract's layout: bool [1, 1, Q, P+Q], True = attend."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def causal_mask(q_len: int, past_len: int) -> np.ndarray:
+    """Every new token sees the whole past and the new tokens up to itself (a chain)."""
+    return np.tril(np.ones((q_len, past_len + q_len), dtype=bool), k=past_len)[None, None]
+
+
+def tree_mask(parents: tuple[int, ...] | list[int], past_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mask [1, 1, N, P+N], depth [N]) for a token tree given each node's parent (-1 = root).
+
+    A node sees the past, its ancestors and itself; its position is past_len + depth.
+    Parents must precede their children (topological order).
+    """
+    n = len(parents)
+    mask = np.zeros((n, past_len + n), dtype=bool)
+    mask[:, :past_len] = True
+    depth = np.zeros(n, dtype=np.int64)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i}: parent {parent} must be -1 or an earlier node")
+        mask[i, past_len + i] = True
+        if parent >= 0:
+            mask[i, past_len:] |= mask[parent, past_len:]
+            depth[i] = depth[parent] + 1
+    return mask[None, None], depth
