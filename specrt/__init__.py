@@ -1,3 +1,25 @@
-"""specrt: speculative decoding, exported to ONNX and run by a lean numpy + ONNX Runtime runtime."""
+"""specrt: speculative decoding, exported to ONNX and run by a lean numpy + ONNX Runtime runtime.
+
+    import specrt
+    gen = specrt.load("bundle/")
+    print(gen.generate("def fib(n):", max_new_tokens=64).text)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .runtime.generator import GenerationResult, SpeculativeGenerator
+
+
+def load(bundle=None, backend: str = "auto", threads: int | None = None) -> "SpeculativeGenerator":
+    """Load a bundle folder (default: the shipped demo bundle). See :class:`SpeculativeGenerator`."""
+    from .runtime.generator import load as _load
+
+    return _load(bundle, backend=backend, threads=threads)
+
+
+__all__ = ["load", "__version__"]

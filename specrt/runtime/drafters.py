@@ -1,0 +1,132 @@
+"""Ways to propose draft tokens. Each registers under a ``--method`` name and declares what it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .model import CachedModel
+from .sampling import SamplingConfig, sample
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    probs: np.ndarray  # [len(tokens), V]: the q each token was drawn from (one-hot for deterministic drafters)
+    passes: int = 0  # draft-model forward passes spent on it
+
+
+class Drafter(Protocol):
+    needs_draft_model: ClassVar[bool]
+
+    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None: ...
+
+    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal: ...
+
+    def rollback(self, valid: int) -> None:
+        """``tokens[:valid]`` are final; forget anything fed beyond them."""
+
+
+METHODS: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_method(name: str):
+    def deco(cls):
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def _one_hot(tokens: list[int], vocab: int) -> np.ndarray:
+    q = np.zeros((len(tokens), vocab))
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return q
+
+
+@register_method("draft")
+class ModelDrafter:
+    """A small draft model sampled autoregressively with the same warping as the target."""
+
+    needs_draft_model: ClassVar[bool] = True
+
+    def __init__(self, model: CachedModel, **_: object) -> None:
+        self.model = model
+
+    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
+        self.model.feed(tokens, sampling)
+
+    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
+        if gamma == 0:
+            return Proposal([], np.zeros((0, self.model.vocab)))
+        # The first pass also feeds what the draft has not seen (after a fully accepted chain: the
+        # last drafted token and the bonus token), so catching up costs no extra pass.
+        q = self.model.feed(tokens[self.model.cache.length:], sampling)[0]
+        drafted, rows = [], []
+        for i in range(gamma):
+            drafted.append(sample(q, rng))
+            rows.append(q)
+            if i + 1 < gamma:
+                q = self.model.feed(drafted[-1:], sampling)[0]
+        return Proposal(drafted, np.stack(rows), passes=gamma)
+
+    def rollback(self, valid: int) -> None:
+        self.model.cache.truncate(min(self.model.cache.length, valid))
+
+
+@register_method("ngram")
+class NgramDrafter:
+    """Prompt lookup: continue the longest recent suffix n-gram that already occurred in the context.
+
+    A deterministic proposal is a one-hot q, so exact acceptance still applies: x is kept with
+    probability p(x) and a rejection resamples from p without x.
+    """
+
+    needs_draft_model: ClassVar[bool] = False
+
+    def __init__(self, vocab: int, max_ngram: int = 3, **_: object) -> None:
+        self.vocab, self.max_ngram = vocab, max_ngram
+
+    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
+        pass
+
+    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
+        found = lookup_continuation(np.asarray(tokens), gamma, self.max_ngram)
+        return Proposal(found, _one_hot(found, self.vocab))
+
+    def rollback(self, valid: int) -> None:
+        pass
+
+
+def lookup_continuation(tokens: np.ndarray, gamma: int, max_ngram: int) -> list[int]:
+    """Up to ``gamma`` tokens that followed the most recent earlier occurrence of the longest
+    suffix n-gram (n = max_ngram .. 1); [] when no suffix recurs."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        windows = sliding_window_view(tokens[:-1], n)  # every earlier n-gram, excluding the suffix itself
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if hits.size:
+            start = hits[-1] + n
+            return tokens[start:start + gamma].tolist()
+    return []
+
+
+@register_method("none")
+class NoDrafter:
+    """Plain autoregressive decoding of the target: the baseline every speedup is measured against."""
+
+    needs_draft_model: ClassVar[bool] = False
+
+    def __init__(self, vocab: int, **_: object) -> None:
+        self.vocab = vocab
+
+    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
+        pass
+
+    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
+        return Proposal([], np.zeros((0, self.vocab)))
+
+    def rollback(self, valid: int) -> None:
+        pass

@@ -1,0 +1,155 @@
+"""The Python API: load a bundle once, then ``generate`` or ``stream`` text with any method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import BundleError, ConfigError, ContextLengthError
+from ..manifest import Manifest, load_manifest
+from .backends import Decoder, create_decoder
+from .drafters import METHODS, Drafter
+from .loop import MAX_GAMMA, DecodeState, decode
+from .model import CachedModel
+from .sampling import SamplingConfig
+from .stats import GenerationStats, StatsRecorder
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated ids only (a stop id that ended the generation is not included)
+    stats: GenerationStats
+    finish_reason: str  # "length" | "eos" | "stop"
+
+
+def _check_gamma(gamma: int | str) -> int | str:
+    if gamma == "auto":
+        return gamma
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or not 1 <= gamma <= MAX_GAMMA:
+        raise ConfigError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {gamma!r}")
+    return int(gamma)
+
+
+class _TextTracker:
+    """Incremental detokenisation with stop strings: emits only text that is final."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.ids: list[int] = []
+        self.emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            text, self.stopped = text[:cut], True
+        elif text.endswith("\ufffd"):
+            return ""  # a multi-byte character is still incomplete
+        self.text = text
+        # Hold back a tail that could still become a stop string.
+        hold = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)
+        upto = max(self.emitted, len(text) - hold)
+        delta, self.emitted = text[self.emitted:upto], upto
+        return delta
+
+    def flush(self) -> str:
+        delta, self.emitted = self.text[self.emitted:], len(self.text)
+        return delta
+
+
+class SpeculativeGenerator:
+    """A loaded bundle: tokenizer, target and (if present) draft sessions and caches, created once."""
+
+    def __init__(self, bundle: str | Path, backend: str = "auto", threads: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.bundle = Path(bundle)
+        self.manifest: Manifest = load_manifest(self.bundle)
+        try:
+            self.tokenizer = Tokenizer.from_file(str(self.bundle / self.manifest.tokenizer.file))
+        except Exception as e:  # tokenizers raises a bare Exception on a corrupt file
+            raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
+        self.decoders: dict[str, Decoder] = {
+            role: create_decoder(backend, self.bundle, entry, threads) for role, entry in self.manifest.models.items()}
+        vocab = self.manifest.target.dims.vocab_size
+        self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
+        self.last_result: GenerationResult | None = None
+
+    @property
+    def max_context(self) -> int:
+        return self.manifest.max_context
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        bos = self.manifest.tokenizer.bos_token_id
+        return ([bos] if self.manifest.tokenizer.add_bos_token and bos is not None else []) + ids
+
+    def _drafter(self, method: str) -> Drafter:
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        cls = METHODS[method]
+        if cls.needs_draft_model:
+            if "draft" not in self._models:
+                raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
+            return cls(model=self._models["draft"])
+        return cls(vocab=self.manifest.target.dims.vocab_size)
+
+    def stream(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
+               stop: Sequence[str] = ()) -> Iterator[str]:
+        """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result."""
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        gamma = _check_gamma(gamma)
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        drafter = self._drafter(method)
+        tokens = self.encode(prompt)
+        if not tokens:
+            raise ConfigError("the prompt is empty and the tokenizer adds no BOS token")
+        if len(tokens) + max_new_tokens > self.max_context:
+            raise ContextLengthError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                                     f"bundle's max context of {self.max_context}")
+        for m in self._models.values():
+            m.reset()
+        state = DecodeState(tokens=list(tokens), target=self._models["target"], drafter=drafter, sampling=sampling,
+                            rng=np.random.default_rng(seed), stats=StatsRecorder(method, gamma))
+        tracker = _TextTracker(self.tokenizer, stop)
+        stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
+        finish = "length"
+        for chunk in decode(state, max_new_tokens, gamma if method != "none" else 0, stop_ids):
+            piece = tracker.push(chunk)
+            if piece:
+                yield piece
+            if tracker.stopped:
+                finish = "stop"
+                break
+        else:
+            if state.stats.new_tokens < max_new_tokens:
+                finish = "eos"
+        tail = tracker.flush()
+        if tail:
+            yield tail
+        self.last_result = GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
+
+    def generate(self, prompt: str, **kwargs) -> GenerationResult:
+        """Generate in one call; same arguments as :meth:`stream`."""
+        for _ in self.stream(prompt, **kwargs):
+            pass
+        assert self.last_result is not None
+        return self.last_result
+
+
+def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None) -> SpeculativeGenerator:
+    """Load a bundle folder; with no path, the demo bundle that ships inside the package."""
+    if bundle is None:
+        from .. import demo
+
+        bundle = demo.bundle_path()
+    return SpeculativeGenerator(bundle, backend=backend, threads=threads)

@@ -1,0 +1,68 @@
+"""A preallocated KV cache per model whose ``length`` is the only truth.
+
+Layout per layer: [1, max_context, H_kv, D] (seq-major, see docs/onnx-contract.md), so the past
+``[:, :length]`` and the slots for Q new tokens ``[:, length:length+Q]`` are contiguous views that a
+backend binds directly: the graph reads the past and writes the new K/V in place, with no copy.
+Rolling back a rejected chain is ``length = n``: O(1), nothing is erased.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import ModelDims
+from ..errors import ContextLengthError
+
+
+class KVCache:
+    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype) -> None:
+        shape = (1, max_context, dims.num_kv_heads, dims.head_dim)
+        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
+        self.values = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
+        self.max_context = max_context
+        self.length = 0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def ensure_room(self, q_len: int) -> None:
+        """Raise (never truncate) when Q new entries would not fit after the current length."""
+        if self.length + q_len > self.max_context:
+            raise ContextLengthError(f"{self.length} cached + {q_len} new positions exceed the max context "
+                                     f"of {self.max_context}")
+
+    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, V) views [1, length, H_kv, D] of the valid entries."""
+        return self.keys[layer][:, : self.length], self.values[layer][:, : self.length]
+
+    def slots(self, layer: int, q_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, V) views [1, Q, H_kv, D] right after the valid entries, where a forward writes new K/V."""
+        end = self.length + q_len
+        return self.keys[layer][:, self.length:end], self.values[layer][:, self.length:end]
+
+    def advance(self, n: int) -> None:
+        """Make ``n`` entries written into the slots valid."""
+        self.ensure_room(n)
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Roll back to ``length`` valid entries (O(1): later entries are simply overwritten next time)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+    def compact(self, start: int, keep: np.ndarray | list[int]) -> None:
+        """Move the entries at ``start + keep[j]`` to ``start + j`` and set length = start + len(keep).
+
+        Used after tree verification: the accepted path's nodes are scattered among the tree's
+        slots and must become contiguous. ``keep`` is increasing, so rows only move left.
+        """
+        keep = np.asarray(keep, dtype=np.int64)
+        if keep.size and (np.any(np.diff(keep) <= 0) or keep[0] < 0 or start + keep[-1] >= self.max_context):
+            raise ValueError(f"keep must be increasing offsets inside the cache, got {keep.tolist()}")
+        src = start + keep
+        dst = start + np.arange(keep.size)
+        for buf in (*self.keys, *self.values):
+            buf[:, dst] = buf[:, src]  # fancy indexing reads all sources before writing
+        self.length = start + keep.size

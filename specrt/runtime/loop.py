@@ -1,0 +1,104 @@
+"""The decoding loop as named phases: prefill → (speculative_step)* → stop. One small state object."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .. import theory
+from .drafters import Drafter
+from .model import CachedModel
+from .sampling import SamplingConfig, sample
+from .stats import StatsRecorder, StepRecord
+from .verify import verify_chain
+
+MAX_GAMMA = 64
+
+
+@dataclass
+class DecodeState:
+    tokens: list[int]  # the context: prompt + tokens generated so far
+    target: CachedModel
+    drafter: Drafter
+    sampling: SamplingConfig
+    rng: np.random.Generator
+    stats: StatsRecorder
+
+
+def prefill(s: DecodeState) -> int:
+    """Run the prompt through target and drafter; the target's distribution gives the first token."""
+    with s.stats.timed("prefill"):
+        p = s.target.feed(s.tokens, s.sampling)[0]
+        s.drafter.prefill(s.tokens, s.sampling)
+    return sample(p, s.rng)
+
+
+def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]:
+    """Draft γ tokens, verify them all in ONE target pass, keep what exact rejection sampling accepts + 1."""
+    context_len = len(s.tokens)
+    t0 = time.perf_counter()
+    proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)  # ≤ γ tokens and their q rows [k, V]
+    k = len(proposal.tokens)
+    t1 = time.perf_counter()
+    # The token emitted last (not yet in the target's cache) + the drafts, in one pass: p rows [k+1, V].
+    p = s.target.feed(s.tokens[s.target.cache.length:] + proposal.tokens, s.sampling, last=k + 1)
+    t2 = time.perf_counter()
+    n, next_token = verify_chain(p, proposal.probs, proposal.tokens, s.rng)
+    # Rejected drafts are forgotten by moving a length: O(1), nothing copied.
+    s.target.cache.truncate(context_len + n)
+    s.drafter.rollback(context_len + n)
+    betas = [theory.acceptance_rate(p[i], proposal.probs[i]) for i in range(min(n + 1, k))]
+    return proposal.tokens[:n] + [next_token], StepRecord(gamma, k, n, betas, proposal.passes, t1 - t0, t2 - t1)
+
+
+class AutoGamma:
+    """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ) where α̂ and ĉ are
+    exponential moving averages (weight 0.3) of the step's mean Σmin(p, q) and of draft-pass time over
+    target-pass time. Starts at 4; γ stays within [1, max_gamma]."""
+
+    def __init__(self, start: int = 4, max_gamma: int = 16, weight: float = 0.3) -> None:
+        self.gamma, self.max_gamma, self.weight = start, max_gamma, weight
+        self.alpha: float | None = None
+        self.c: float | None = None
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.weight) * old + self.weight * new
+
+    def update(self, step: StepRecord) -> int:
+        if step.betas:
+            self.alpha = self._ema(self.alpha, float(np.mean(step.betas)))
+        if step.verify_s > 0:
+            t_draft_pass = step.draft_s / step.draft_passes if step.draft_passes else 0.0
+            self.c = self._ema(self.c, t_draft_pass / step.verify_s)
+        if self.alpha is not None:
+            self.gamma = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma)
+        return self.gamma
+
+
+def decode(s: DecodeState, max_new_tokens: int, gamma: int | str, stop_ids: frozenset[int]) -> Iterator[list[int]]:
+    """Yield chunks of new token ids until max_new_tokens or a stop id (the stop id is not yielded)."""
+    auto = AutoGamma() if gamma == "auto" else None
+    produced = 0
+    chunk = [prefill(s)]
+    while True:
+        chunk = chunk[: max_new_tokens - produced]
+        for j, t in enumerate(chunk):
+            if t in stop_ids:
+                s.stats.new_tokens = produced + j
+                yield chunk[:j]
+                return
+        s.tokens.extend(chunk)
+        produced += len(chunk)
+        s.stats.new_tokens = produced
+        yield chunk
+        if produced >= max_new_tokens:
+            return
+        # The correction/bonus token always comes, so at most remaining - 1 drafts are useful.
+        g = min(auto.gamma if auto else int(gamma), max_new_tokens - produced - 1)
+        chunk, record = speculative_step(s, g)
+        s.stats.record_step(record)
+        if auto:
+            auto.update(record)

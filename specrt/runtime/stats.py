@@ -1,0 +1,103 @@
+"""Counters and timers of one generation, and the figures derived from them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+from .. import theory
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    gamma: int
+    proposed: int
+    accepted: int
+    betas: list[float]  # sum_x min(p, q) at each verified position up to the first rejection
+    draft_passes: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class StatsRecorder:
+    method: str
+    gamma_requested: int | str
+    new_tokens: int = 0
+    steps: int = 0  # target passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    draft_passes: int = 0
+    betas: list[float] = field(default_factory=list)
+    gammas: list[int] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+    t_start: float = field(default_factory=time.perf_counter)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - t0
+
+    def record_step(self, r: StepRecord) -> None:
+        self.steps += 1
+        self.gammas.append(r.gamma)
+        self.drafted += r.proposed
+        self.accepted += r.accepted
+        self.betas.extend(r.betas)
+        self.draft_passes += r.draft_passes
+        self.seconds["draft"] += r.draft_s
+        self.seconds["verify"] += r.verify_s
+
+    def finish(self) -> "GenerationStats":
+        total = time.perf_counter() - self.t_start
+        passes = self.steps + 1  # + the prefill pass, which yields the first token
+        t_target = self.seconds["verify"] / self.steps if self.steps else 0.0
+        t_draft = self.seconds["draft"] / self.draft_passes if self.draft_passes else 0.0
+        c = t_draft / t_target if t_target else 0.0
+        alpha = sum(self.betas) / len(self.betas) if self.betas else None
+        gamma = round(sum(self.gammas) / len(self.gammas)) if self.gammas else 0
+        predicted = theory.speedup(min(alpha, 1.0), gamma, c) if alpha is not None and gamma else None
+        return GenerationStats(
+            method=self.method, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,
+            drafted=self.drafted, accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else None,
+            alpha_estimate=alpha, mean_accepted=self.accepted / self.steps if self.steps else 0.0,
+            tokens_per_target_pass=self.new_tokens / passes, mean_gamma=sum(self.gammas) / len(self.gammas) if self.gammas else 0.0,
+            c=c, predicted_speedup=predicted, total_s=total, prefill_s=self.seconds["prefill"],
+            draft_s=self.seconds["draft"], verify_s=self.seconds["verify"],
+            other_s=total - sum(self.seconds.values()),
+            tokens_per_second=self.new_tokens / total if total > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one generation did and how fast. ``alpha_estimate`` is the mean of sum_x min(p, q) over
+    verified positions (Leviathan et al.'s estimator); ``acceptance_rate`` is accepted / drafted."""
+
+    method: str
+    new_tokens: int
+    target_passes: int  # including the prefill pass
+    draft_passes: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+    alpha_estimate: float | None
+    mean_accepted: float  # accepted draft tokens per speculative step
+    tokens_per_target_pass: float
+    mean_gamma: float
+    c: float  # measured draft pass time / target verification pass time
+    predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c)
+    total_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    other_s: float  # sampling, acceptance, detokenising: the host overhead
+    tokens_per_second: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,38 @@
+"""Exact speculative sampling: accept draft tokens, correct on the first rejection, add a bonus token."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import sample
+
+# Below this residual mass p and q are equal to rounding; rejection then has probability ~0 and p
+# itself is the correct limit of norm(max(0, p - q)).
+_MIN_RESIDUAL_MASS = 1e-12
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)) for normalised p, q: what to sample after rejecting a token drawn from q."""
+    r = np.maximum(p - q, 0.0)
+    mass = r.sum()
+    return p if mass < _MIN_RESIDUAL_MASS else r / mass
+
+
+def verify_chain(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens: np.ndarray | list[int],
+                 rng: np.random.Generator) -> tuple[int, int]:
+    """Leviathan et al.'s rule over a chain; the emitted tokens are distributed exactly as the target's.
+
+    target_probs [γ+1, V], draft_probs [γ, V], draft_tokens [γ] (each drawn from its q row).
+    Returns (n_accepted, next_token): next_token is the correction on the first rejection, or the
+    bonus from target_probs[γ] when all γ are accepted. Greedy = one-hot rows: accept while argmax matches.
+    """
+    target_probs = target_probs / target_probs.sum(axis=-1, keepdims=True)
+    draft_probs = draft_probs / draft_probs.sum(axis=-1, keepdims=True)
+    for i, x in enumerate(draft_tokens):
+        p_x, q_x = target_probs[i, x], draft_probs[i, x]
+        # Accept with probability min(1, p(x)/q(x)); u * q < p avoids dividing by q.
+        if rng.random() * q_x < p_x:
+            continue
+        return i, sample(residual(target_probs[i], draft_probs[i]), rng)
+    n = len(draft_tokens)
+    return n, sample(target_probs[n], rng)
