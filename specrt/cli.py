@@ -82,5 +82,69 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     click.echo(f"done: {output} (max context {manifest.max_context})")
 
 
+def _gamma(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an integer nor 'auto'") from None
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
+@click.option("--method", type=click.Choice(["draft", "ngram", "none"]), default="draft", show_default=True,
+              help="draft: the bundle's draft model; ngram: prompt lookup, no model; none: plain decoding.")
+@click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v),
+              help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
+@click.option("--stats", is_flag=True, help="Print acceptance, tokens per target pass, c and speedups to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, stats) instead of streaming.")
+@click.option("--backend", default="auto", show_default=True, help="Inference backend (onnxruntime).")
+@click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
+@_domain_errors
+def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_tokens: int, temperature: float,
+        top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, as_json: bool, backend: str,
+        threads: int | None) -> None:
+    """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout.
+
+    The output is distributed exactly as the target model's own (greedy: identical tokens);
+    the draft only changes how many tokens each target pass yields.
+
+    \b
+    Examples:
+      specrt run "def fib(n):" --bundle bundle --stats
+      specrt run "import os" --bundle bundle --method ngram --temperature 0.8 --top-p 0.95 --seed 1
+      specrt run "class Stack:" --bundle bundle --gamma auto --json
+    """
+    import json
+
+    from . import load
+
+    gen = load(bundle, backend=backend, threads=threads)
+    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                  method=method, gamma=gamma, stop=stop)
+    if as_json:
+        result = gen.generate(prompt, **kwargs)
+        click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                               "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}, indent=2))
+    else:
+        for piece in gen.stream(prompt, **kwargs):
+            click.echo(piece, nl=False)
+        click.echo()
+        result = gen.last_result
+    if stats:
+        from .report import print_stats
+
+        print_stats(result.stats, gen.decoders["target"].provider)
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -95,7 +95,10 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         max_context = _max_context(options.max_context, min(
             adapter_for(c.model_type).max_positions(c) for c in configs.values()))
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    except OSError as e:
+        raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
     try:
         entries: dict[str, ModelEntry] = {}
         for role, src in sources.items():

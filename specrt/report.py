@@ -1,0 +1,32 @@
+"""Human-readable figures for the terminal (rich), kept out of the library's data classes."""
+
+from __future__ import annotations
+
+from .runtime.stats import GenerationStats
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def print_stats(st: GenerationStats, provider: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"specrt run · method {st.method} · {provider}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_column(style="dim")
+    t.add_row("new tokens", str(st.new_tokens), f"{st.target_passes} target passes, {st.draft_passes} draft passes")
+    t.add_row("tokens per target pass", _fmt(st.tokens_per_target_pass, ".2f"), "plain decoding = 1.00")
+    if st.drafted:
+        t.add_row("acceptance (accepted/drafted)", _fmt(st.acceptance_rate), f"{st.accepted}/{st.drafted}")
+        t.add_row("alpha (mean sum min(p,q))", _fmt(st.alpha_estimate), "Leviathan et al.'s estimator")
+        t.add_row("mean gamma", _fmt(st.mean_gamma, ".2f"), "")
+        t.add_row("c (draft pass / target pass)", _fmt(st.c), "")
+        t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
+                  "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
+    t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")
+    t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
+              f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")
+    Console(stderr=True).print(t)

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from models import FACTORIES, save_pair  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """A saved tiny (target, draft) HF pair per supported architecture."""
+    root = tmp_path_factory.mktemp("hf")
+    return {arch: save_pair(root, arch) for arch in FACTORIES}
+
+
+@pytest.fixture(scope="session")
+def bundles(pairs, tmp_path_factory) -> dict[str, Path]:
+    """Each pair exported once with the default (dynamo) exporter: the shipped path."""
+    from specrt.export.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("bundles")
+    return {arch: export_bundle(str(t), str(d), root / arch) and root / arch for arch, (t, d) in pairs.items()}
+
+
+@pytest.fixture(scope="session")
+def llama_bundle(bundles) -> Path:
+    return bundles["llama"]
+
+
+@pytest.fixture(scope="session")
+def generator(llama_bundle):
+    import specrt
+
+    return specrt.load(llama_bundle, threads=1)
+
+
+@pytest.fixture(scope="session")
+def close_bundle(pairs, tmp_path_factory) -> Path:
+    """A draft that mostly agrees with its target (the target with a perturbed MLP): chains are
+    accepted, partly accepted and rejected, so every branch of the loop runs."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specrt.export.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("close")
+    target = pairs["llama"][0]
+    draft = AutoModelForCausalLM.from_pretrained(target)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for layer in draft.model.layers:
+            layer.mlp.down_proj.weight.add_(0.5 * torch.randn_like(layer.mlp.down_proj.weight)
+                                            * layer.mlp.down_proj.weight.std())
+    draft.save_pretrained(root / "draft")
+    AutoTokenizer.from_pretrained(target).save_pretrained(root / "draft")
+    export_bundle(str(target), str(root / "draft"), root / "bundle")
+    return root / "bundle"
+
+
+@pytest.fixture(scope="session")
+def self_bundle(pairs, tmp_path_factory) -> Path:
+    """Draft == target: greedy chains are always fully accepted (exercises the draft's catch-up)."""
+    from specrt.export.bundle import export_bundle
+
+    target = pairs["llama"][0]
+    out = tmp_path_factory.mktemp("self") / "bundle"
+    export_bundle(str(target), str(target), out)
+    return out

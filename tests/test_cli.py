@@ -1,0 +1,71 @@
+"""The CLI: thin over the library; domain errors are one line, exit 1, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.cli import main
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def assert_one_line_error(res, match: str) -> None:
+    assert res.exit_code != 0
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    lines = [l for l in res.output.strip().splitlines() if l.startswith("Error")]
+    assert len(lines) == 1 and match in lines[0], res.output
+
+
+def test_help_teaches():
+    for cmd in ([], ["export"], ["run"]):
+        res = invoke(*cmd, "--help")
+        assert res.exit_code == 0
+    assert "Example" in invoke("run", "--help").output
+    assert "llama, mistral, qwen2, gpt2" in invoke("export", "--help").output
+
+
+def test_export_and_run(pairs, tmp_path):
+    t, d = pairs["qwen2"]
+    res = invoke("export", str(t), "--draft", str(d), "-o", str(tmp_path / "b"), "--exporter", "torchscript")
+    assert res.exit_code == 0, res.output
+    assert "max |ORT - PyTorch|" in res.output and "done" in res.output
+    res = invoke("run", "def f():", "--bundle", str(tmp_path / "b"), "--max-new-tokens", "12", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert len(out["token_ids"]) == 12 and out["stats"]["method"] == "draft"
+
+
+def test_run_streams_and_prints_stats(close_bundle):
+    res = invoke("run", "def fib(n):", "--bundle", str(close_bundle), "--max-new-tokens", "30", "--stats",
+                 "--gamma", "auto")
+    assert res.exit_code == 0, res.output
+    for label in ("tokens per target pass", "alpha (mean sum min(p,q))", "predicted speedup", "c (draft pass"):
+        assert label in res.output
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--temperature", "-1"], "temperature"), (["--top-p", "1.5"], "top_p"), (["--top-k", "-1"], "top_k"),
+    (["--gamma", "0"], "gamma"), (["--gamma", "65"], "gamma"), (["--gamma", "x"], "--gamma"),
+    (["--max-new-tokens", "100000"], "max context")])
+def test_run_bad_values(close_bundle, args, match):
+    assert_one_line_error(invoke("run", "hi", "--bundle", str(close_bundle), *args), match)
+
+
+def test_run_missing_bundle_and_no_demo(tmp_path):
+    assert_one_line_error(invoke("run", "hi", "--bundle", str(tmp_path / "nope")), "not found")
+
+
+def test_export_errors(pairs, tmp_path):
+    t, d = pairs["llama"]
+    assert_one_line_error(invoke("export", str(tmp_path / "none"), "-o", str(tmp_path / "o")), "not found")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert_one_line_error(invoke("export", str(t), "--draft", str(d), "-o", str(tmp_path / "full")), "--force")
+    assert_one_line_error(invoke("export", str(t), "-o", str(tmp_path / "o"), "--max-context", "4"),
+                          "at least 16")

@@ -1,0 +1,59 @@
+import math
+
+import numpy as np
+import pytest
+
+from specrt import theory
+
+
+def test_expected_tokens_hand_values():
+    assert theory.expected_tokens(0.0, 4) == 1.0
+    assert theory.expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert theory.expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)  # 3.3616
+    assert theory.expected_tokens(0.8, 4) == pytest.approx(3.3616)
+    assert theory.expected_tokens(1.0, 7) == 8.0
+    # Continuous at alpha -> 1.
+    assert theory.expected_tokens(1 - 1e-9, 7) == pytest.approx(8.0, rel=1e-6)
+
+
+def test_speedup_hand_values():
+    # The seed table: alpha 0.8, c 0.02, gamma 10 gives 3.81x.
+    assert theory.speedup(0.8, 10, 0.02) == pytest.approx((1 - 0.8**11) / 0.2 / 1.2)
+    assert round(theory.speedup(0.8, 10, 0.02), 2) == 3.81
+    assert theory.speedup(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+
+
+def test_optimal_gamma_is_the_argmax():
+    for alpha, c in [(0.8, 0.02), (0.6, 0.1), (0.9, 0.05), (0.3, 0.5)]:
+        g = theory.optimal_gamma(alpha, c)
+        best = max(range(1, 65), key=lambda k: theory.speedup(alpha, k, c))
+        assert g == best
+    # alpha 0.8, c 0.02: the true optimum is gamma 11 (3.817x), just above gamma 10 (3.809x).
+    assert theory.optimal_gamma(0.8, 0.02) == 11
+    assert theory.speedup(0.8, 11, 0.02) == pytest.approx(3.8167, abs=1e-4)
+    assert theory.speedup(0.8, 12, 0.02) < theory.speedup(0.8, 11, 0.02)
+    assert theory.optimal_gamma(1.0, 0.0, max_gamma=16) == 16
+    assert theory.optimal_gamma(0.0, 0.1) == 1
+
+
+def test_acceptance_rate():
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.1, 0.6, 0.1, 0.2])
+    assert theory.acceptance_rate(p, q) == pytest.approx(0.1 + 0.3 + 0.1)
+    assert theory.acceptance_rate(p, p) == pytest.approx(1.0)
+    assert theory.acceptance_rate([1, 0], [0, 1]) == 0.0
+
+
+@pytest.mark.parametrize("bad", [lambda: theory.expected_tokens(1.5, 2), lambda: theory.speedup(0.5, 2, -1),
+                                 lambda: theory.optimal_gamma(0.5, 0.1, 0),
+                                 lambda: theory.acceptance_rate([1.0], [0.5, 0.5])])
+def test_bad_values_raise(bad):
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_speedup_formula_consistency():
+    for alpha in (0.1, 0.5, 0.9):
+        for g in (1, 3, 8):
+            assert theory.speedup(alpha, g, 0.0) == pytest.approx(sum(alpha**i for i in range(g + 1)))
+            assert math.isfinite(theory.speedup(alpha, g, 1.0))
