@@ -70,8 +70,11 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     except ImportError as e:
         raise click.ClickException(f"export needs the export extra ({e.name} is missing): "
                                    "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
+    from transformers.utils import logging as hf_logging
+
     from .progress import RichReporter
 
+    hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     options = ExportOptions(dtype={"fp32": "float32", "fp16": "float16"}[dtype], opset=opset,
                             max_context=max_context, exporter=exporter, force=force)
     manifest = export_bundle(model, draft, output, options, RichReporter())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -22,6 +25,20 @@ def _trace_inputs(dims: C.ModelDims, dtype: torch.dtype):
     past = tuple(torch.zeros(1, _TRACE_P, dims.num_kv_heads, dims.head_dim, dtype=dtype)
                  for _ in range(2 * dims.num_layers))
     return ids, pos, mask, past
+
+
+@contextlib.contextmanager
+def _quiet_tracer() -> Iterator[None]:
+    """Silence tracer chatter (deprecations, 'torchvision is not installed' notes) for one export."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _rename_dynamic_axes(path: Path, specs: list[C.TensorSpec]) -> None:
@@ -50,8 +67,7 @@ def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int =
     args = _trace_inputs(dims, getattr(torch, dtype))
     kwargs = dict(input_names=[s.name for s in ins], output_names=[s.name for s in outs], opset_version=opset)
     large = sum(p.numel() * p.element_size() for p in wrapper.parameters()) > 1.8 * 2**30
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer chatter (deprecations, constant folding notes)
+    with _quiet_tracer(), torch.no_grad():
         if exporter == "dynamo":
             from torch.export import Dim
 
