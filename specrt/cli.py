@@ -149,5 +149,53 @@ def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_
         print_stats(result.stats, gen.decoders["target"].provider)
 
 
+@main.command()
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder [default: the demo bundle shipped with specrt].")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSON list or one-prompt-per-line file [default: the shipped code prompts].")
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="code", show_default=True,
+              help="Which shipped prompt set to use when --prompts is not given.")
+@click.option("--methods", default="none,draft,ngram", show_default=True, help="Comma-separated; must include none.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
+@click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v))
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
+@click.option("--threads", type=int, default=None)
+@_domain_errors
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, max_new_tokens: int,
+          repeats: int, gamma: int | str, temperature: float, json_out: str | None, threads: int | None) -> None:
+    """Measure tokens/s per method in one run; speedups are ratios to --method none.
+
+    Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
+    time split (draft / verify / prefill / host) and, for greedy runs, whether every method produced
+    the same tokens as plain decoding.
+
+    \b
+    Example:
+      specrt bench --bundle bundle --methods none,draft,ngram --repeats 3 --json bench.json
+    """
+    import json
+
+    from . import load
+    from .bench import BenchConfig, builtin_prompts, read_prompts, run_bench
+    from .report import print_bench
+
+    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                      max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature)
+    prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
+    gen = load(bundle, threads=threads)
+    from rich.console import Console
+
+    with Console(stderr=True).status("benchmarking…") as status:
+        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"))
+    print_bench(result)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(result, f, indent=2)
+        click.echo(f"wrote {json_out}")
+
+
 if __name__ == "__main__":
     sys.exit(main())

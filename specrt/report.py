@@ -30,3 +30,22 @@ def print_stats(st: GenerationStats, provider: str) -> None:
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
               f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")
     Console(stderr=True).print(t)
+
+
+def print_bench(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = result["config"]
+    t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · "
+                    f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
+    for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "predicted", "draft/verify/host",
+                "= none"):
+        t.add_column(col, justify="right")
+    for method, r in result["methods"].items():
+        split = f"{r['share_draft']:.0%}/{r['share_verify']:.0%}/{r['share_host']:.0%}"
+        same = {True: "yes", False: "NO", None: "-"}[r.get("greedy_matches_none")]
+        t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x",
+                  f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]),
+                  _fmt(r["predicted_speedup"], ".2f"), split, same)
+    Console().print(t)

@@ -45,7 +45,7 @@ class StatsRecorder:
 
     def record_step(self, r: StepRecord) -> None:
         self.steps += 1
-        self.gammas.append(r.gamma)
+        self.gammas.append(r.proposed)  # what was drafted; n-gram lookup may propose fewer than gamma
         self.drafted += r.proposed
         self.accepted += r.accepted
         self.betas.extend(r.betas)
@@ -89,7 +89,7 @@ class GenerationStats:
     alpha_estimate: float | None
     mean_accepted: float  # accepted draft tokens per speculative step
     tokens_per_target_pass: float
-    mean_gamma: float
+    mean_gamma: float  # tokens actually drafted per step (n-gram lookup may find fewer than gamma)
     c: float  # measured draft pass time / target verification pass time
     predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c)
     total_s: float

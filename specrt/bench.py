@@ -1,0 +1,118 @@
+"""Tokens/s and the figures behind them, per method, measured in ONE run on the same backend.
+
+Speedups are ratios to ``none`` measured in the same run with the methods interleaved per repeat,
+so drift of the machine hits every method alike. Nothing here is a timed assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from . import theory
+from .errors import ConfigError
+from .runtime.generator import SpeculativeGenerator
+
+
+def builtin_prompts(kind: str = "code") -> list[str]:
+    """The prompt sets that ship with specrt: "code", "prose" or "all"."""
+    data = json.loads(resources.files("specrt.data").joinpath("prompts.json").read_text())
+    if kind == "all":
+        return data["code"] + data["prose"]
+    if kind not in data:
+        raise ConfigError(f"unknown prompt set {kind!r}; choose code, prose or all")
+    return data[kind]
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """A JSON list of strings, or a text file with one prompt per line (\\n escapes allowed)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read prompts from {p}: {e.strerror}") from None
+    if p.suffix == ".json":
+        prompts = json.loads(text)
+    else:
+        prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
+    if not prompts or not all(isinstance(x, str) for x in prompts):
+        raise ConfigError(f"{p} holds no prompts")
+    return prompts
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    methods: tuple[str, ...] = ("none", "draft", "ngram")
+    max_new_tokens: int = 128
+    repeats: int = 3
+    gamma: int | str = 4
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if "none" not in self.methods:
+            raise ConfigError("methods must include 'none': every speedup is measured against it")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise ConfigError("repeats and max_new_tokens must be >= 1")
+
+
+def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
+              on_progress: Callable[[str], None] | None = None) -> dict:
+    """Median over repeats of whole-prompt-set figures per method; greedy runs also check parity with none."""
+    gen.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up: first-call allocations
+    runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+    outputs: dict[str, list[list[int]]] = {}
+    for r in range(cfg.repeats):
+        for method in cfg.methods:
+            if on_progress:
+                on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
+            stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
+                                  temperature=cfg.temperature, seed=r) for p in prompts]
+            outputs.setdefault(method, [s.token_ids for s in stats])
+            runs[method].append(_aggregate([s.stats for s in stats]))
+    result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
+                         "gamma": cfg.gamma, "temperature": cfg.temperature, "prompts": len(prompts),
+                         "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle)},
+              "methods": {}}
+    base = statistics.median(x["tokens_per_second"] for x in runs["none"])
+    for method, reps in runs.items():
+        row = {k: statistics.median(x[k] for x in reps if x[k] is not None) if any(x[k] is not None for x in reps)
+               else None for k in reps[0]}
+        row["speedup_vs_none"] = row["tokens_per_second"] / base
+        if row["predicted_speedup"]:
+            row["achieved_over_predicted"] = row["speedup_vs_none"] / row["predicted_speedup"]
+        if cfg.temperature == 0:
+            row["greedy_matches_none"] = outputs[method] == outputs["none"]
+        result["methods"][method] = row
+    return result
+
+
+def _aggregate(stats: list) -> dict:
+    tokens = sum(s.new_tokens for s in stats)
+    total = sum(s.total_s for s in stats)
+    passes = sum(s.target_passes for s in stats)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    betas = [s.alpha_estimate for s in stats if s.alpha_estimate is not None]
+    steps = passes - len(stats)
+    draft_passes = sum(s.draft_passes for s in stats)
+    verify_s, draft_s = sum(s.verify_s for s in stats), sum(s.draft_s for s in stats)
+    t_target = verify_s / steps if steps else 0.0
+    c = (draft_s / draft_passes) / t_target if draft_passes and t_target else 0.0
+    gamma = statistics.mean(s.mean_gamma for s in stats)
+    alpha = statistics.mean(betas) if betas else None
+    return {
+        "tokens_per_second": tokens / total,
+        "tokens_per_target_pass": tokens / passes,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "alpha": alpha,
+        "mean_gamma": gamma,
+        "c": c,
+        "predicted_speedup": theory.speedup(min(alpha, 1.0), round(gamma), c) if alpha is not None and round(gamma) else None,
+        "target_pass_ms": 1000 * t_target,
+        "share_draft": draft_s / total, "share_verify": verify_s / total,
+        "share_prefill": sum(s.prefill_s for s in stats) / total,
+        "share_host": sum(s.other_s for s in stats) / total,
+    }

@@ -1,0 +1,43 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.bench import BenchConfig, builtin_prompts, read_prompts, run_bench
+from specrt.cli import main
+from specrt.errors import ConfigError
+
+
+def test_bench_figures_are_well_formed(generator):
+    prompts = builtin_prompts("code")[:2]
+    res = run_bench(generator, prompts, BenchConfig(methods=("none", "draft", "ngram"), max_new_tokens=12, repeats=2))
+    assert set(res["methods"]) == {"none", "draft", "ngram"}
+    none, draft = res["methods"]["none"], res["methods"]["draft"]
+    assert none["speedup_vs_none"] == 1.0 and none["tokens_per_target_pass"] == 1.0
+    assert draft["speedup_vs_none"] == pytest.approx(draft["tokens_per_second"] / none["tokens_per_second"])
+    assert all(r["greedy_matches_none"] for r in res["methods"].values())
+    assert 0 <= draft["alpha"] <= 1 and draft["c"] > 0
+    shares = sum(draft[k] for k in ("share_draft", "share_verify", "share_prefill", "share_host"))
+    assert shares == pytest.approx(1.0, abs=1e-6)
+    json.dumps(res)
+
+
+def test_bench_config_and_prompt_errors(tmp_path):
+    with pytest.raises(ConfigError, match="include 'none'"):
+        BenchConfig(methods=("draft",))
+    with pytest.raises(ConfigError):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "p.txt").write_text("def f():\\n    return\n\nclass A:\n")
+    assert read_prompts(tmp_path / "p.txt") == ["def f():\n    return", "class A:"]
+    assert len(builtin_prompts("all")) == len(builtin_prompts("code")) + len(builtin_prompts("prose"))
+
+
+def test_bench_cli_writes_json(llama_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(llama_bundle), "--methods", "none,ngram",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["config"]["methods"] == ["none", "ngram"] and "ngram" in data["methods"]
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(llama_bundle), "--methods", "draft"])
+    assert res.exit_code == 1 and "include 'none'" in res.output
