@@ -21,6 +21,10 @@ class KVCache:
         self.values = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
         self.max_context = max_context
         self.length = 0
+        # Host addresses never move: backends bind past/slots as base + length * row_bytes, no views.
+        self.row_bytes = dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
+        self.key_ptrs = [k.ctypes.data for k in self.keys]
+        self.value_ptrs = [v.ctypes.data for v in self.values]
 
     @property
     def num_layers(self) -> int:

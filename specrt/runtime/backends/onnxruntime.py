@@ -48,6 +48,9 @@ class OrtDecoder:
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
         self.kv_dtype = np.dtype(entry.dtype)
         self.binding = self.session.io_binding()
+        self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
+                          for i in range(entry.dims.num_layers)]
+        self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
         self._logits = np.empty((1, 0, entry.dims.vocab_size), np.float32)
         self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
 
@@ -61,13 +64,12 @@ class OrtDecoder:
         return self._logits[:, :q_len], self._hidden[:, :q_len]
 
     def _bind(self, name: str, arr: np.ndarray, output: bool = False) -> None:
-        assert arr.flags.c_contiguous  # a prefix view of a seq-major buffer always is (batch 1)
         bind = self.binding.bind_output if output else self.binding.bind_input
         bind(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
     def forward(self, cache: KVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray) -> DecoderOutput:
-        q_len = len(input_ids)
+        q_len, past = len(input_ids), cache.length
         cache.ensure_room(q_len)
         ids = np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, q_len)
         pos = np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, q_len)
@@ -78,13 +80,14 @@ class OrtDecoder:
         self._bind(C.INPUT_IDS, ids)
         self._bind(C.POSITION_IDS, pos)
         self._bind(C.ATTENTION_MASK, mask)
-        for i in range(cache.num_layers):
-            past_k, past_v = cache.past(i)
-            new_k, new_v = cache.slots(i, q_len)
-            self._bind(C.past_key(i), past_k)
-            self._bind(C.past_value(i), past_v)
-            self._bind(C.new_key(i), new_k, output=True)  # written straight into the cache
-            self._bind(C.new_value(i), new_v, output=True)
+        # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
+        past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
+        offset, dt = past * cache.row_bytes, self.kv_dtype
+        for (pk, pv, nk, nv), kp, vp in zip(self._kv_names, cache.key_ptrs, cache.value_ptrs):
+            b.bind_input(pk, "cpu", 0, dt, past_shape, kp)
+            b.bind_input(pv, "cpu", 0, dt, past_shape, vp)
+            b.bind_output(nk, "cpu", 0, dt, new_shape, kp + offset)
+            b.bind_output(nv, "cpu", 0, dt, new_shape, vp + offset)
         logits, hidden = self._outputs(q_len)
         self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)
