@@ -197,5 +197,97 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
         click.echo(f"wrote {json_out}")
 
 
+@main.command()
+@click.option("--alpha", type=float, default=None, help="Acceptance rate α in [0, 1].")
+@click.option("--c", "c", type=float, default=None, help="Cost of a draft pass / cost of a target pass.")
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Measure α and c on this bundle first (instead of --alpha/--c).")
+@click.option("--demo", is_flag=True, help="Measure on the demo bundle shipped with specrt.")
+@click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature to measure α at.")
+@click.option("--max-gamma", type=int, default=16, show_default=True)
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of speedup vs γ (needs matplotlib).")
+@_domain_errors
+def plan(alpha: float | None, c: float | None, bundle: str | None, demo: bool, temperature: float, max_gamma: int,
+         plot_file: str | None) -> None:
+    """Table of γ, E[tokens per target pass], relative cost γc+1 and speedup; marks the optimal γ.
+
+    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α), speedup = E / (γc + 1) (Leviathan et al. 2023).
+
+    \b
+    Examples:
+      specrt plan --alpha 0.8 --c 0.02
+      specrt plan --bundle bundle --temperature 0 --plot speedup.png
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from .plan import measure, plan_table, plot
+
+    if bundle is not None or demo:
+        if alpha is not None or c is not None:
+            raise click.UsageError("give either --alpha/--c or --bundle, not both")
+        from . import load
+        from .bench import builtin_prompts
+
+        m = measure(load(bundle), builtin_prompts("code"), temperature=temperature)
+        alpha, c = m.alpha, m.c
+        click.echo(f"measured on {len(builtin_prompts('code'))} prompts at temperature {temperature:g}: "
+                   f"α = {m.alpha:.3f} (accepted/drafted {m.acceptance_rate:.3f}), c = {m.c:.3f}")
+    elif alpha is None or c is None:
+        raise click.UsageError("give --alpha and --c, or --bundle to measure them")
+    rows = plan_table(alpha, c, max_gamma)
+    best = max(rows, key=lambda r: r.speedup)
+    t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}", title_justify="left")
+    for col in ("γ", "E[tokens/pass]", "cost γc+1", "speedup"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        style = "bold green" if r is best else None
+        t.add_row(str(r.gamma), f"{r.expected_tokens:.3f}", f"{r.relative_cost:.3f}", f"{r.speedup:.3f}x", style=style)
+    Console().print(t)
+    click.echo(f"optimal γ = {best.gamma}: {best.speedup:.2f}x over plain decoding"
+               + ("" if best.speedup > 1 else " — this draft cannot pay for itself"))
+    if plot_file:
+        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file)}")
+
+
+@main.command()
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder [default: the demo bundle shipped with specrt].")
+@click.option("--samples", type=int, default=2000, show_default=True,
+              help="Samples per side for the sampled-distribution check.")
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="all", show_default=True)
+@click.option("--backend", default="auto", show_default=True)
+@_domain_errors
+def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str) -> None:
+    """Check a bundle on this backend: PASS/FAIL with figures, exit code 1 on any FAIL.
+
+    \b
+    - logits vs the PyTorch reference stored at export (precision problems, broken engines);
+    - greedy speculation == plain greedy decoding, token for token (draft and n-gram);
+    - sampled speculation vs plain sampling, total-variation distance under a stated threshold;
+    - the draft pays for itself: best predicted speedup at the measured α and c above 1
+      (a draft with a shifted vocabulary cannot change the output, only this figure).
+    """
+    from .bench import builtin_prompts
+    from .checks import verify_bundle
+    from . import load
+
+    if samples < 10:
+        raise click.BadParameter("use at least 10 samples", param_hint="--samples")
+    gen = load(bundle, backend=backend)
+    from rich.console import Console
+
+    with Console(stderr=True).status("verifying…"):
+        checks = verify_bundle(gen, builtin_prompts(prompt_set), samples=samples, max_new_tokens=max_new_tokens)
+    for ch in checks:
+        click.echo(f"{'PASS' if ch.passed else 'FAIL'}  {ch.name}: {ch.detail}")
+    failed = [ch for ch in checks if not ch.passed]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(checks)} checks failed")
+    click.echo(f"all {len(checks)} checks passed")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,6 +27,8 @@ class ModelEntry:
     dims: ModelDims
     parity: dict[str, float] = field(default_factory=dict)
     parity_tolerance: float = 0.0
+    # PyTorch's logits on a fixed prompt (top ids per position), for `specrt verify` on any backend.
+    golden: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -46,7 +48,7 @@ class ModelEntry:
     def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
         return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
                    dims=ModelDims(**d["dims"]), parity=dict(d.get("parity", {})),
-                   parity_tolerance=float(d.get("parity_tolerance", 0.0)))
+                   parity_tolerance=float(d.get("parity_tolerance", 0.0)), golden=d.get("golden"))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
-from .parity import check_parity
+from .parity import check_parity, golden_logits
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
@@ -113,7 +113,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                       token_limit=len(tokenizers["target"]))
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
-                                       parity_tolerance=PARITY_TOLERANCE[options.dtype])
+                                       parity_tolerance=PARITY_TOLERANCE[options.dtype],
+                                       golden=golden_logits(model, len(tokenizers["target"])))
             del model, adapter
 
         with reporter.step(f"Writing bundle {out}"):

@@ -89,3 +89,20 @@ def check_parity(model: torch.nn.Module, onnx_path: Path, dims: C.ModelDims, dty
         detail = ", ".join(f"{k} {v:.3g}" for k, v in bad.items())
         raise ParityError(f"{onnx_path.name}: ONNX Runtime differs from PyTorch beyond {tol:g} ({detail})")
     return diffs
+
+
+GOLDEN_LEN = 12
+GOLDEN_TOP = 8
+
+
+@torch.no_grad()
+def golden_logits(model: torch.nn.Module, token_limit: int, seed: int = 1) -> dict:
+    """The model's own logits on a fixed random prompt: top ids and values at every position.
+
+    Stored in the manifest so `specrt verify` can check any backend (ONNX Runtime, TensorRT, fp16
+    engines) against PyTorch without torch installed.
+    """
+    ids = np.random.default_rng(seed).integers(0, token_limit, GOLDEN_LEN)
+    logits = model(torch.as_tensor(ids, dtype=torch.long)[None]).logits[0].float()
+    values, top = torch.topk(logits, GOLDEN_TOP, dim=-1)
+    return {"input_ids": ids.tolist(), "top_ids": top.tolist(), "top_logits": values.tolist()}

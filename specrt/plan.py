@@ -1,0 +1,83 @@
+"""``specrt plan``: which γ to use, from α and c given or measured on a bundle."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import theory
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    gamma: int
+    expected_tokens: float  # per target pass
+    relative_cost: float  # γc + 1, in target passes
+    speedup: float
+
+
+def plan_table(alpha: float, c: float, max_gamma: int = 16) -> list[PlanRow]:
+    if not 0 <= alpha <= 1:
+        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
+    if c < 0:
+        raise ConfigError(f"c must be >= 0, got {c}")
+    if not 1 <= max_gamma <= 64:
+        raise ConfigError(f"max gamma must be in [1, 64], got {max_gamma}")
+    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + 1, theory.speedup(alpha, g, c))
+            for g in range(1, max_gamma + 1)]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    alpha: float  # mean Σmin(p, q) over verified prefixes
+    acceptance_rate: float  # accepted / drafted
+    c: float  # draft pass time / target verification pass time
+    temperature: float
+    prompts: int
+
+
+def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,
+            seed: int = 0) -> Measurement:
+    """α and c of a bundle's draft on this backend, as Leviathan et al. estimate α (mean of β over prefixes)."""
+    if gen.manifest.draft is None:
+        raise ConfigError("this bundle has no draft model to measure")
+    gen.generate(prompts[0], max_new_tokens=8)  # warm-up
+    stats = [gen.generate(p, max_new_tokens=max_new_tokens, method="draft", gamma=gamma, temperature=temperature,
+                          seed=seed).stats for p in prompts]
+    drafted = sum(s.drafted for s in stats)
+    draft_passes = sum(s.draft_passes for s in stats)
+    steps = sum(s.target_passes - 1 for s in stats)
+    t_draft = sum(s.draft_s for s in stats) / draft_passes
+    t_target = sum(s.verify_s for s in stats) / steps
+    return Measurement(alpha=statistics.mean(s.alpha_estimate for s in stats if s.alpha_estimate is not None),
+                       acceptance_rate=sum(s.accepted for s in stats) / drafted, c=t_draft / t_target,
+                       temperature=temperature, prompts=len(prompts))
+
+
+def plot(alpha: float, c: float, max_gamma: int, path: str | Path) -> Path:
+    """Speedup vs γ at this α for the given c and a few others, as a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'specrt[plot]'") from None
+    gammas = list(range(1, max_gamma + 1))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cc in sorted({c, 0.01, 0.05, 0.1, 0.2, 0.5}):
+        ys = [theory.speedup(alpha, g, cc) for g in gammas]
+        ax.plot(gammas, ys, marker="o", ms=3, lw=2.5 if cc == c else 1, label=f"c = {cc:g}" + (" (yours)" if cc == c else ""))
+    best = theory.optimal_gamma(alpha, c, max_gamma)
+    ax.axvline(best, color="grey", ls=":", lw=1)
+    ax.axhline(1.0, color="black", lw=0.5)
+    ax.set(xlabel="γ (drafted tokens per target pass)", ylabel="speedup over plain decoding",
+           title=f"Speculative decoding at α = {alpha:.2f}: optimal γ = {best} for c = {c:g}")
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
