@@ -163,9 +163,16 @@ def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 @click.option("--threads", type=int, default=None)
+@click.option("--compare", type=click.Choice(["hf"]), default=None,
+              help="Also time Hugging Face generate and assisted generation on the same weights (needs torch).")
+@click.option("--hf-target", type=click.Path(file_okay=False), default=None,
+              help="HF checkpoint of the target for --compare hf [default: the manifest's source].")
+@click.option("--hf-draft", type=click.Path(file_okay=False), default=None,
+              help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
 @_domain_errors
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, max_new_tokens: int,
-          repeats: int, gamma: int | str, temperature: float, json_out: str | None, threads: int | None) -> None:
+          repeats: int, gamma: int | str, temperature: float, json_out: str | None, threads: int | None,
+          compare: str | None, hf_target: str | None, hf_draft: str | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
@@ -190,11 +197,34 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
 
     with Console(stderr=True).status("benchmarking…") as status:
         result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"))
+        if compare == "hf":
+            status.update("benchmarking: Hugging Face generate / assisted generation")
+            result["hf"] = _compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
     print_bench(result)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)
         click.echo(f"wrote {json_out}")
+
+
+def _compare_hf(gen, result: dict, prompts: list[str], cfg, hf_target: str | None, hf_draft: str | None,
+                threads: int | None) -> dict:
+    from pathlib import Path
+
+    try:
+        from .export.hf_bench import hf_generate_bench
+    except ImportError as e:
+        raise click.ClickException(f"--compare hf needs torch and transformers ({e.name} is missing): "
+                                   "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
+    m = gen.manifest
+    target = Path(hf_target or m.target.source)
+    draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
+    hf = hf_generate_bench(target, draft, prompts, cfg.max_new_tokens, cfg.repeats, threads=threads)
+    ours = result["methods"]
+    hf["specrt_none_over_hf_generate"] = ours["none"]["tokens_per_second"] / hf["hf_generate"]["tokens_per_second"]
+    if "hf_assisted" in hf and "draft" in ours:
+        hf["specrt_draft_over_hf_assisted"] = ours["draft"]["tokens_per_second"] / hf["hf_assisted"]["tokens_per_second"]
+    return hf
 
 
 @main.command()

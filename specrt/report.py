@@ -49,3 +49,12 @@ def print_bench(result: dict) -> None:
                   f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]),
                   _fmt(r["predicted_speedup"], ".2f"), split, same)
     Console().print(t)
+    if "hf" in result:
+        hf = result["hf"]
+        lines = [f"Hugging Face generate: {hf['hf_generate']['tokens_per_second']:.1f} tokens/s "
+                 f"(specrt none is {hf['specrt_none_over_hf_generate']:.2f}x)"]
+        if "hf_assisted" in hf:
+            lines.append(f"Hugging Face assisted generation: {hf['hf_assisted']['tokens_per_second']:.1f} tokens/s"
+                         + (f" (specrt draft is {hf['specrt_draft_over_hf_assisted']:.2f}x)"
+                            if "specrt_draft_over_hf_assisted" in hf else ""))
+        Console().print("\n".join(lines))

@@ -41,3 +41,19 @@ def test_bench_cli_writes_json(llama_bundle, tmp_path):
     assert data["config"]["methods"] == ["none", "ngram"] and "ngram" in data["methods"]
     res = CliRunner().invoke(main, ["bench", "--bundle", str(llama_bundle), "--methods", "draft"])
     assert res.exit_code == 1 and "include 'none'" in res.output
+
+
+def test_bench_compare_hf(close_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none,draft",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--prompt-set", "prose",
+                                    "--compare", "hf", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    hf = json.loads(out.read_text())["hf"]
+    assert hf["hf_generate"]["tokens_per_second"] > 0 and hf["hf_assisted"]["tokens_per_second"] > 0
+    assert hf["specrt_draft_over_hf_assisted"] > 0
+    assert "Hugging Face assisted generation" in res.output
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none",
+                                    "--max-new-tokens", "4", "--repeats", "1", "--compare", "hf",
+                                    "--hf-target", str(tmp_path)])
+    assert res.exit_code == 1 and "has no config.json" in res.output
