@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import theory
-from .errors import ConfigError
+from .errors import ConfigError, SpecrtError
 from .runtime.generator import SpeculativeGenerator
 
 
@@ -116,3 +116,22 @@ def _aggregate(stats: list) -> dict:
         "share_prefill": sum(s.prefill_s for s in stats) / total,
         "share_host": sum(s.other_s for s in stats) / total,
     }
+
+
+def compare_hf(gen: SpeculativeGenerator, result: dict, prompts: list[str], cfg: BenchConfig,
+               hf_target: str | None = None, hf_draft: str | None = None, threads: int | None = None) -> dict:
+    """Hugging Face generate / assisted generation on the bundle's source checkpoints, and specrt's ratios."""
+    try:
+        from .export.hf_bench import hf_generate_bench
+    except ImportError as e:
+        raise SpecrtError(f"--compare hf needs torch and transformers ({e.name} is missing): "
+                          "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
+    m = gen.manifest
+    target = Path(hf_target or m.target.source)
+    draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
+    hf = hf_generate_bench(target, draft, prompts, cfg.max_new_tokens, cfg.repeats, threads=threads)
+    ours = result["methods"]
+    hf["specrt_none_over_hf_generate"] = ours["none"]["tokens_per_second"] / hf["hf_generate"]["tokens_per_second"]
+    if "hf_assisted" in hf and "draft" in ours:
+        hf["specrt_draft_over_hf_assisted"] = ours["draft"]["tokens_per_second"] / hf["hf_assisted"]["tokens_per_second"]
+    return hf

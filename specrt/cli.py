@@ -186,7 +186,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     import json
 
     from . import load
-    from .bench import BenchConfig, builtin_prompts, read_prompts, run_bench
+    from .bench import BenchConfig, builtin_prompts, compare_hf, read_prompts, run_bench
     from .report import print_bench
 
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
@@ -199,32 +199,12 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
         result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"))
         if compare == "hf":
             status.update("benchmarking: Hugging Face generate / assisted generation")
-            result["hf"] = _compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
+            result["hf"] = compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
     print_bench(result)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)
         click.echo(f"wrote {json_out}")
-
-
-def _compare_hf(gen, result: dict, prompts: list[str], cfg, hf_target: str | None, hf_draft: str | None,
-                threads: int | None) -> dict:
-    from pathlib import Path
-
-    try:
-        from .export.hf_bench import hf_generate_bench
-    except ImportError as e:
-        raise click.ClickException(f"--compare hf needs torch and transformers ({e.name} is missing): "
-                                   "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
-    m = gen.manifest
-    target = Path(hf_target or m.target.source)
-    draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
-    hf = hf_generate_bench(target, draft, prompts, cfg.max_new_tokens, cfg.repeats, threads=threads)
-    ours = result["methods"]
-    hf["specrt_none_over_hf_generate"] = ours["none"]["tokens_per_second"] / hf["hf_generate"]["tokens_per_second"]
-    if "hf_assisted" in hf and "draft" in ours:
-        hf["specrt_draft_over_hf_assisted"] = ours["draft"]["tokens_per_second"] / hf["hf_assisted"]["tokens_per_second"]
-    return hf
 
 
 @main.command()
