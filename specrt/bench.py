@@ -16,6 +16,7 @@ from typing import Callable
 from . import theory
 from .errors import ConfigError, SpecrtError
 from .runtime.generator import SpeculativeGenerator
+from .runtime.tree import TreeShape
 
 
 def builtin_prompts(kind: str = "code") -> list[str]:
@@ -46,11 +47,12 @@ def read_prompts(path: str | Path) -> list[str]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    methods: tuple[str, ...] = ("none", "draft", "ngram")
+    methods: tuple[str, ...] = ("none", "draft", "tree", "ngram")
     max_new_tokens: int = 128
     repeats: int = 3
     gamma: int | str = 4
     temperature: float = 0.0
+    tree: TreeShape = TreeShape()
 
     def __post_init__(self) -> None:
         if "none" not in self.methods:
@@ -70,11 +72,12 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
-                                  temperature=cfg.temperature, seed=r) for p in prompts]
+                                  temperature=cfg.temperature, seed=r, tree=cfg.tree) for p in prompts]
             outputs.setdefault(method, [s.token_ids for s in stats])
             runs[method].append(_aggregate([s.stats for s in stats]))
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
-                         "gamma": cfg.gamma, "temperature": cfg.temperature, "prompts": len(prompts),
+                         "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
+                         "prompts": len(prompts),
                          "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle)},
               "methods": {}}
     base = statistics.median(x["tokens_per_second"] for x in runs["none"])

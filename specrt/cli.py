@@ -98,8 +98,11 @@ def _gamma(value: str) -> int | str:
 @click.argument("prompt")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
               help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
-@click.option("--method", type=click.Choice(["draft", "ngram", "none"]), default="draft", show_default=True,
-              help="draft: the bundle's draft model; ngram: prompt lookup, no model; none: plain decoding.")
+@click.option("--method", type=click.Choice(["draft", "tree", "ngram", "none"]), default="draft", show_default=True,
+              help="draft: a chain from the draft model; tree: a token tree from the draft model, verified in one "
+                   "pass (SpecInfer); ngram: prompt lookup, no model; none: plain decoding.")
+@click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
+              help="With --method tree: children per node at each depth.")
 @click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v),
               help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -113,7 +116,8 @@ def _gamma(value: str) -> int | str:
 @click.option("--backend", default="auto", show_default=True, help="Inference backend (onnxruntime).")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
 @_domain_errors
-def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_tokens: int, temperature: float,
+def run(prompt: str, bundle: str | None, method: str, tree_shape: str, gamma: int | str, max_new_tokens: int,
+        temperature: float,
         top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, as_json: bool, backend: str,
         threads: int | None) -> None:
     """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout.
@@ -126,14 +130,17 @@ def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_
       specrt run "def fib(n):" --bundle bundle --stats
       specrt run "import os" --bundle bundle --method ngram --temperature 0.8 --top-p 0.95 --seed 1
       specrt run "class Stack:" --bundle bundle --gamma auto --json
+      specrt run "def main():" --bundle bundle --method tree --tree 3,2,1,1 --stats
     """
     import json
 
     from . import load
 
     gen = load(bundle, backend=backend, threads=threads)
+    from .runtime.tree import TreeShape
+
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                  method=method, gamma=gamma, stop=stop)
+                  method=method, gamma=gamma, stop=stop, tree=TreeShape.parse(tree_shape))
     if as_json:
         result = gen.generate(prompt, **kwargs)
         click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
@@ -156,7 +163,9 @@ def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_
               help="JSON list or one-prompt-per-line file [default: the shipped code prompts].")
 @click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="code", show_default=True,
               help="Which shipped prompt set to use when --prompts is not given.")
-@click.option("--methods", default="none,draft,ngram", show_default=True, help="Comma-separated; must include none.")
+@click.option("--methods", default="none,draft,tree,ngram", show_default=True,
+              help="Comma-separated; must include none.")
+@click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True, help="Tree shape for the tree method.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
 @click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v))
@@ -170,7 +179,8 @@ def run(prompt: str, bundle: str | None, method: str, gamma: int | str, max_new_
 @click.option("--hf-draft", type=click.Path(file_okay=False), default=None,
               help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
 @_domain_errors
-def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, max_new_tokens: int,
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
+          max_new_tokens: int,
           repeats: int, gamma: int | str, temperature: float, json_out: str | None, threads: int | None,
           compare: str | None, hf_target: str | None, hf_draft: str | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
@@ -189,8 +199,11 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     from .bench import BenchConfig, builtin_prompts, compare_hf, read_prompts, run_bench
     from .report import print_bench
 
+    from .runtime.tree import TreeShape
+
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                      max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature)
+                      max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
+                      tree=TreeShape.parse(tree_shape))
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     gen = load(bundle, threads=threads)
     from rich.console import Console

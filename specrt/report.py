@@ -20,12 +20,17 @@ def print_stats(st: GenerationStats, provider: str) -> None:
     t.add_row("new tokens", str(st.new_tokens), f"{st.target_passes} target passes, {st.draft_passes} draft passes")
     t.add_row("tokens per target pass", _fmt(st.tokens_per_target_pass, ".2f"), "plain decoding = 1.00")
     if st.drafted:
-        t.add_row("acceptance (accepted/drafted)", _fmt(st.acceptance_rate), f"{st.accepted}/{st.drafted}")
-        t.add_row("alpha (mean sum min(p,q))", _fmt(st.alpha_estimate), "Leviathan et al.'s estimator")
-        t.add_row("mean gamma", _fmt(st.mean_gamma, ".2f"), "")
+        tree = st.method == "tree"
+        t.add_row("acceptance (accepted/drafted)", _fmt(st.acceptance_rate), f"{st.accepted}/{st.drafted}"
+                  + (" tree nodes" if tree else ""))
+        if st.alpha_estimate is not None:
+            t.add_row("alpha (mean sum min(p,q))", _fmt(st.alpha_estimate), "Leviathan et al.'s estimator")
+        t.add_row("tree nodes per pass" if tree else "mean gamma", _fmt(st.mean_gamma, ".2f"), "")
+        t.add_row("accepted per depth", "", " ".join(f"{x:.2f}" for x in st.accepted_per_depth[:8]))
         t.add_row("c (draft pass / target pass)", _fmt(st.c), "")
-        t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
-                  "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
+        if st.predicted_speedup is not None and not tree:
+            t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
+                      "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
     t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
               f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")

@@ -10,8 +10,8 @@ from specrt.errors import ConfigError
 
 def test_bench_figures_are_well_formed(generator):
     prompts = builtin_prompts("code")[:2]
-    res = run_bench(generator, prompts, BenchConfig(methods=("none", "draft", "ngram"), max_new_tokens=12, repeats=2))
-    assert set(res["methods"]) == {"none", "draft", "ngram"}
+    res = run_bench(generator, prompts, BenchConfig(methods=("none", "draft", "tree", "ngram"), max_new_tokens=12, repeats=2))
+    assert set(res["methods"]) == {"none", "draft", "tree", "ngram"}
     none, draft = res["methods"]["none"], res["methods"]["draft"]
     assert none["speedup_vs_none"] == 1.0 and none["tokens_per_target_pass"] == 1.0
     assert draft["speedup_vs_none"] == pytest.approx(draft["tokens_per_second"] / none["tokens_per_second"])

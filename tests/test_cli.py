@@ -69,3 +69,12 @@ def test_export_errors(pairs, tmp_path):
     assert_one_line_error(invoke("export", str(t), "--draft", str(d), "-o", str(tmp_path / "full")), "--force")
     assert_one_line_error(invoke("export", str(t), "-o", str(tmp_path / "o"), "--max-context", "4"),
                           "at least 16")
+
+
+def test_run_tree_method_and_bad_shape(close_bundle):
+    res = invoke("run", "def fib(n):", "--bundle", str(close_bundle), "--method", "tree", "--tree", "3,2,1",
+                 "--max-new-tokens", "20", "--stats")
+    assert res.exit_code == 0, res.output
+    assert "tree nodes per pass" in res.output and "accepted per depth" in res.output
+    assert_one_line_error(invoke("run", "x", "--bundle", str(close_bundle), "--method", "tree", "--tree", "3,x"),
+                          "tree shape")

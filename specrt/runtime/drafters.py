@@ -8,8 +8,10 @@ from typing import Callable, ClassVar, Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .masks import tree_mask
 from .model import CachedModel
 from .sampling import SamplingConfig, sample
+from .tree import TokenTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class Proposal:
 
 class Drafter(Protocol):
     needs_draft_model: ClassVar[bool]
+    proposes_trees: ClassVar[bool]
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None: ...
 
@@ -52,6 +55,7 @@ class ModelDrafter:
     """A small draft model sampled autoregressively with the same warping as the target."""
 
     needs_draft_model: ClassVar[bool] = True
+    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, model: CachedModel, **_: object) -> None:
         self.model = model
@@ -86,6 +90,7 @@ class NgramDrafter:
     """
 
     needs_draft_model: ClassVar[bool] = False
+    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, vocab: int, max_ngram: int = 3, **_: object) -> None:
         self.vocab, self.max_ngram = vocab, max_ngram
@@ -118,6 +123,7 @@ class NoDrafter:
     """Plain autoregressive decoding of the target: the baseline every speedup is measured against."""
 
     needs_draft_model: ClassVar[bool] = False
+    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, vocab: int, **_: object) -> None:
         self.vocab = vocab
@@ -130,3 +136,38 @@ class NoDrafter:
 
     def rollback(self, valid: int) -> None:
         pass
+
+
+@register_method("tree")
+class TreeDrafter(ModelDrafter):
+    """The draft model grows a token tree level by level, one draft pass per level (the tree mask lets
+    a whole level run at once). Greedy: each node's children are the draft's top-w tokens. Sampling:
+    w i.i.d. draws from the node's q, which SpecInfer's verification needs for exactness."""
+
+    proposes_trees: ClassVar[bool] = True
+
+    def propose_tree(self, tokens: list[int], shape: TreeShape, sampling: SamplingConfig,
+                     rng: np.random.Generator) -> TokenTree:
+        m = self.model
+        # Greedy ranks children by the draft's plain softmax; a one-hot q would only name the top one.
+        cfg = SamplingConfig(temperature=1.0) if sampling.greedy else sampling
+        child_q = {-1: m.feed(tokens[m.cache.length:], cfg)[0]}
+        context = m.cache.length
+        nodes: list[int] = []
+        parents: list[int] = []
+        frontier, passes = [-1], 1
+        for level, width in enumerate(shape.widths):
+            start = len(nodes)
+            for parent in frontier:
+                q = child_q[parent]
+                picks = (np.argsort(-q, kind="stable")[:width].tolist() if sampling.greedy
+                         else [sample(q, rng) for _ in range(width)])
+                nodes += picks
+                parents += [parent] * len(picks)
+            frontier = list(range(start, len(nodes)))
+            if level + 1 < len(shape.widths):  # the last level's children are never needed
+                mask, depth = tree_mask(parents, context)
+                probs = m.run(nodes[start:], context + depth[start:], mask[:, :, start:], cfg, last=len(frontier))
+                passes += 1
+                child_q.update(zip(frontier, probs))
+        return TokenTree(nodes, parents, child_q, passes)

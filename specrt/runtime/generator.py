@@ -12,10 +12,11 @@ from ..errors import BundleError, ConfigError, ContextLengthError
 from ..manifest import Manifest, load_manifest
 from .backends import Decoder, create_decoder
 from .drafters import METHODS, Drafter
-from .loop import MAX_GAMMA, DecodeState, decode
+from .loop import MAX_GAMMA, ChainStepper, DecodeState, TreeStepper, decode
 from .model import CachedModel
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
+from .tree import TreeShape
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,18 @@ class SpeculativeGenerator:
 
     def stream(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-               stop: Sequence[str] = ()) -> Iterator[str]:
-        """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result."""
+               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] = TreeShape()) -> Iterator[str]:
+        """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result.
+
+        ``method``: "draft" (chain of ``gamma`` draft-model tokens), "tree" (a draft-model token tree of
+        shape ``tree``, children per depth), "ngram" (prompt lookup) or "none" (plain decoding)."""
         sampling = SamplingConfig(temperature, top_k, top_p)
         gamma = _check_gamma(gamma)
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         drafter = self._drafter(method)
+        shape = tree if isinstance(tree, TreeShape) else TreeShape(tuple(tree))
+        stepper = TreeStepper(shape) if drafter.proposes_trees else ChainStepper(gamma if method != "none" else 0)
         tokens = self.encode(prompt)
         if not tokens:
             raise ConfigError("the prompt is empty and the tokenizer adds no BOS token")
@@ -123,7 +129,7 @@ class SpeculativeGenerator:
         tracker = _TextTracker(self.tokenizer, stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
         finish = "length"
-        for chunk in decode(state, max_new_tokens, gamma if method != "none" else 0, stop_ids):
+        for chunk in decode(state, max_new_tokens, stepper, stop_ids):
             piece = tracker.push(chunk)
             if piece:
                 yield piece

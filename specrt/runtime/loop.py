@@ -13,6 +13,7 @@ from .drafters import Drafter
 from .model import CachedModel
 from .sampling import SamplingConfig, sample
 from .stats import StatsRecorder, StepRecord
+from .tree import TreeShape, verify_tree_greedy, verify_tree_sampled
 from .verify import verify_chain
 
 MAX_GAMMA = 64
@@ -54,6 +55,31 @@ def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]
     return proposal.tokens[:n] + [next_token], StepRecord(gamma, k, n, betas, proposal.passes, t1 - t0, t2 - t1)
 
 
+def tree_step(s: DecodeState, shape: TreeShape) -> tuple[list[int], StepRecord]:
+    """Draft a token tree, verify every node in ONE target pass, keep the longest accepted path + 1."""
+    context_len = len(s.tokens)
+    t0 = time.perf_counter()
+    tree = s.drafter.propose_tree(s.tokens, shape, s.sampling, s.rng)
+    t1 = time.perf_counter()
+    # The target's missing context (ending with the root) + the tree below it: rows [root, node 0..N-1].
+    missing = s.tokens[s.target.cache.length:]
+    p = s.target.feed(missing + tree.tokens, s.sampling, last=len(tree.tokens) + 1, tree_parents=tree.parents)
+    t2 = time.perf_counter()
+    if s.sampling.greedy:
+        path, next_token = verify_tree_greedy(p[0], p[1:], tree)
+    else:
+        path, next_token = verify_tree_sampled(p[0], p[1:], tree, s.rng)
+    # The accepted nodes sit at context_len + node index; move them into a contiguous run.
+    s.target.cache.compact(context_len, path)
+    s.drafter.rollback(context_len)
+    rows = [p[0]] + [p[1 + i] for i in path]
+    qs = [tree.child_q.get(node) for node in [-1, *path]]
+    # Greedy trees rank children by the draft's softmax, not a one-hot q: no beta estimate there.
+    betas = [] if s.sampling.greedy else [theory.acceptance_rate(pr, q) for pr, q in zip(rows, qs) if q is not None]
+    return ([tree.tokens[i] for i in path] + [next_token],
+            StepRecord(len(shape.widths), len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
+
+
 class AutoGamma:
     """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ) where α̂ and ĉ are
     exponential moving averages (weight 0.3) of the step's mean Σmin(p, q) and of draft-pass time over
@@ -78,9 +104,35 @@ class AutoGamma:
         return self.gamma
 
 
-def decode(s: DecodeState, max_new_tokens: int, gamma: int | str, stop_ids: frozenset[int]) -> Iterator[list[int]]:
+class ChainStepper:
+    """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`)."""
+
+    def __init__(self, gamma: int | str) -> None:
+        self.auto = AutoGamma() if gamma == "auto" else None
+        self.gamma = 0 if gamma == "auto" else int(gamma)
+
+    def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
+        step = speculative_step(s, min(self.auto.gamma if self.auto else self.gamma, budget))
+        if self.auto:
+            self.auto.update(step[1])
+        return step
+
+
+class TreeStepper:
+    """One tree_step per call; the tree is cut to the depth the token budget can still use."""
+
+    def __init__(self, shape: TreeShape) -> None:
+        self.shape = shape
+
+    def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
+        if budget < 1:
+            return speculative_step(s, 0)
+        return tree_step(s, TreeShape(self.shape.widths[:budget]))
+
+
+def decode(s: DecodeState, max_new_tokens: int, step: ChainStepper | TreeStepper,
+           stop_ids: frozenset[int]) -> Iterator[list[int]]:
     """Yield chunks of new token ids until max_new_tokens or a stop id (the stop id is not yielded)."""
-    auto = AutoGamma() if gamma == "auto" else None
     produced = 0
     chunk = [prefill(s)]
     while True:
@@ -96,9 +148,6 @@ def decode(s: DecodeState, max_new_tokens: int, gamma: int | str, stop_ids: froz
         yield chunk
         if produced >= max_new_tokens:
             return
-        # The correction/bonus token always comes, so at most remaining - 1 drafts are useful.
-        g = min(auto.gamma if auto else int(gamma), max_new_tokens - produced - 1)
-        chunk, record = speculative_step(s, g)
+        # The correction/bonus token always comes, so at most remaining - 1 drafted tokens are useful.
+        chunk, record = step(s, max_new_tokens - produced - 1)
         s.stats.record_step(record)
-        if auto:
-            auto.update(record)

@@ -28,3 +28,21 @@ def tree_mask(parents: tuple[int, ...] | list[int], past_len: int) -> tuple[np.n
             mask[i, past_len:] |= mask[parent, past_len:]
             depth[i] = depth[parent] + 1
     return mask[None, None], depth
+
+
+def speculation_mask(past_len: int, prefix_len: int, parents: tuple[int, ...] | list[int] = ()
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(mask [1, 1, m+N, P+m+N], positions [m+N]) for m new context tokens (a causal chain) followed by a
+    token tree of N nodes hanging below the last of them (parent -1 = child of that token).
+
+    ``parents=()`` is the plain causal case.
+    """
+    m, n = prefix_len, len(parents)
+    mask = np.zeros((m + n, past_len + m + n), dtype=bool)
+    mask[:m, : past_len + m] = causal_mask(m, past_len)[0, 0]
+    positions = np.arange(past_len, past_len + m + n, dtype=np.int64)
+    if n:
+        tree, depth = tree_mask(parents, past_len + m)
+        mask[m:] = tree[0, 0]
+        positions[m:] = past_len + m + depth
+    return mask[None, None], positions

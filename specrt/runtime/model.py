@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import Decoder
-from .masks import causal_mask
+from .masks import speculation_mask
 from .sampling import SamplingConfig, probs_from_logits
 
 
@@ -31,17 +31,23 @@ class CachedModel:
         self.vocab = vocab
         self.passes = 0
 
-    def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1) -> np.ndarray:
-        """Run ``tokens`` (the ones after ``cache.length``) in ONE pass; probabilities of the last ``last`` rows.
-
-        All fed entries become valid; a caller that rejects some rolls back with ``cache.truncate``.
-        """
-        start, q_len = self.cache.length, len(tokens)
-        out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), np.arange(start, start + q_len),
-                                   causal_mask(q_len, start))
+    def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
+            last: int) -> np.ndarray:
+        """One forward pass over ``tokens`` appended after ``cache.length``; probabilities of the last
+        ``last`` rows. All fed entries become valid; a caller that rejects some rolls back the cache."""
+        q_len = len(tokens)
+        out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
         self.cache.advance(q_len)
         self.passes += 1
         return probs_from_logits(align_vocab(out.logits[q_len - last:], self.vocab), sampling)
+
+    def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
+             tree_parents: list[int] | tuple[int, ...] = ()) -> np.ndarray:
+        """Feed context ``tokens`` causally, optionally followed by a token tree hanging below the last
+        of them (``tree_parents`` covers the final ``len(tree_parents)`` entries of ``tokens``)."""
+        prefix = len(tokens) - len(tree_parents)
+        mask, positions = speculation_mask(self.cache.length, prefix, tree_parents)
+        return self.run(tokens, positions, mask, sampling, last)
 
     def reset(self) -> None:
         self.cache.truncate(0)

@@ -32,6 +32,7 @@ class StatsRecorder:
     draft_passes: int = 0
     betas: list[float] = field(default_factory=list)
     gammas: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -46,6 +47,7 @@ class StatsRecorder:
     def record_step(self, r: StepRecord) -> None:
         self.steps += 1
         self.gammas.append(r.proposed)  # what was drafted; n-gram lookup may propose fewer than gamma
+        self.accepted_lengths.append(r.accepted)
         self.drafted += r.proposed
         self.accepted += r.accepted
         self.betas.extend(r.betas)
@@ -71,7 +73,9 @@ class StatsRecorder:
             c=c, predicted_speedup=predicted, total_s=total, prefill_s=self.seconds["prefill"],
             draft_s=self.seconds["draft"], verify_s=self.seconds["verify"],
             other_s=total - sum(self.seconds.values()),
-            tokens_per_second=self.new_tokens / total if total > 0 else 0.0)
+            tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
+            accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
+                                for d in range(max(self.accepted_lengths, default=0))])
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ class GenerationStats:
     alpha_estimate: float | None
     mean_accepted: float  # accepted draft tokens per speculative step
     tokens_per_target_pass: float
-    mean_gamma: float  # tokens actually drafted per step (n-gram lookup may find fewer than gamma)
+    mean_gamma: float  # tokens drafted per step: chain length, or tree nodes verified per pass
     c: float  # measured draft pass time / target verification pass time
     predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c)
     total_s: float
@@ -98,6 +102,8 @@ class GenerationStats:
     verify_s: float
     other_s: float  # sampling, acceptance, detokenising: the host overhead
     tokens_per_second: float
+    # fraction of speculative steps whose accepted run reached depth d+1 (chains and trees alike)
+    accepted_per_depth: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
