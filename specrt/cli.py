@@ -51,10 +51,14 @@ def main() -> None:
               help="Positions the runtime's KV cache holds [default: the models' limit, at most 4096].")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True,
               help="torch.onnx exporter: dynamo gives leaner graphs; torchscript traces faster.")
+@click.option("--medusa", type=click.Path(file_okay=False), default=None,
+              help="Medusa heads for the target (from `specrt medusa train`): adds medusa.onnx and a static tree.")
+@click.option("--medusa-nodes", type=int, default=24, show_default=True,
+              help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 @_domain_errors
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
-           exporter: str, force: bool) -> None:
+           exporter: str, medusa: str | None, medusa_nodes: int, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures:
@@ -76,12 +80,17 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     options = ExportOptions(dtype={"fp32": "float32", "fp16": "float16"}[dtype], opset=opset,
-                            max_context=max_context, exporter=exporter, force=force)
+                            max_context=max_context, exporter=exporter, force=force, medusa=medusa,
+                            medusa_nodes=medusa_nodes)
     manifest = export_bundle(model, draft, output, options, RichReporter())
     for role, entry in manifest.models.items():
         worst = max(entry.parity.values())
         click.echo(f"{role}: {entry.architecture}, {entry.dims.num_layers} layers, max |ORT - PyTorch| = "
                    f"{worst:.2e} (tolerance {entry.parity_tolerance:g})")
+    if manifest.medusa:
+        md = manifest.medusa
+        click.echo(f"medusa: {md.num_heads} heads, tree of {len(md.tree)} nodes, expected {md.expected_accepted:.2f} "
+                   f"accepted tokens per pass (+1 from the target)")
     click.echo(f"done: {output} (max context {manifest.max_context})")
 
 
@@ -98,9 +107,14 @@ def _gamma(value: str) -> int | str:
 @click.argument("prompt")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
               help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
-@click.option("--method", type=click.Choice(["draft", "tree", "ngram", "none"]), default="draft", show_default=True,
+@click.option("--method", type=click.Choice(["draft", "tree", "medusa", "ngram", "none"]), default="draft",
+              show_default=True,
               help="draft: a chain from the draft model; tree: a token tree from the draft model, verified in one "
-                   "pass (SpecInfer); ngram: prompt lookup, no model; none: plain decoding.")
+                   "pass (SpecInfer); medusa: the bundle's Medusa heads; ngram: prompt lookup, no model; "
+                   "none: plain decoding.")
+@click.option("--acceptance", type=click.Choice(["exact", "typical"]), default="exact", show_default=True,
+              help="typical: Medusa's typical acceptance for sampling. LOSSY: the output is NOT distributed as "
+                   "the target's. Exact is the default and the only lossless choice.")
 @click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
               help="With --method tree: children per node at each depth.")
 @click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v),
@@ -116,7 +130,8 @@ def _gamma(value: str) -> int | str:
 @click.option("--backend", default="auto", show_default=True, help="Inference backend (onnxruntime).")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
 @_domain_errors
-def run(prompt: str, bundle: str | None, method: str, tree_shape: str, gamma: int | str, max_new_tokens: int,
+def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shape: str, gamma: int | str,
+        max_new_tokens: int,
         temperature: float,
         top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, as_json: bool, backend: str,
         threads: int | None) -> None:
@@ -140,7 +155,7 @@ def run(prompt: str, bundle: str | None, method: str, tree_shape: str, gamma: in
     from .runtime.tree import TreeShape
 
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                  method=method, gamma=gamma, stop=stop, tree=TreeShape.parse(tree_shape))
+                  method=method, gamma=gamma, stop=stop, tree=TreeShape.parse(tree_shape), acceptance=acceptance)
     if as_json:
         result = gen.generate(prompt, **kwargs)
         click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
@@ -153,7 +168,7 @@ def run(prompt: str, bundle: str | None, method: str, tree_shape: str, gamma: in
     if stats:
         from .report import print_stats
 
-        print_stats(result.stats, gen.decoders["target"].provider)
+        print_stats(result.stats, gen.decoders["target"].provider, lossy=acceptance == "typical")
 
 
 @main.command()
@@ -218,6 +233,58 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)
         click.echo(f"wrote {json_out}")
+
+
+@main.group()
+def medusa() -> None:
+    """Medusa heads: extra next-next-token heads on the target, no draft model."""
+
+
+@medusa.command("train")
+@click.argument("model")
+@click.option("--data", required=True, type=click.Path(exists=True),
+              help="A text file, or a folder whose .py/.txt/.md files are read.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the heads.")
+@click.option("--heads", "num_heads", type=int, default=4, show_default=True)
+@click.option("--steps", type=int, default=300, show_default=True)
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--topk", type=int, default=10, show_default=True, help="Candidates per head measured and exported.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@_domain_errors
+def medusa_train(model: str, data: str, output: str, num_heads: int, steps: int, seq_len: int, batch_size: int,
+                 lr: float, topk: int, seed: int) -> None:
+    """Train Medusa heads on a frozen MODEL by self-distillation (its own predictions are the targets).
+
+    Head k learns the target's distribution k+1 tokens past the next one; its top-k accuracy on
+    held-out calibration windows decides the static tree `specrt export --medusa` ships.
+
+    \b
+    Example:
+      specrt medusa train ./target --data ./corpus -o heads --heads 4 --steps 500
+      specrt export ./target --draft ./draft --medusa heads -o bundle
+    """
+    try:
+        from .export.medusa import MedusaTrainConfig, train_medusa
+    except ImportError as e:
+        raise click.ClickException(f"medusa train needs the export extra ({e.name} is missing): "
+                                   "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cfg = MedusaTrainConfig(num_heads=num_heads, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
+                            topk=topk, seed=seed)
+    with Progress(TextColumn("training heads"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn()) as bar:
+        task = bar.add_task("train", total=steps, loss=float("nan"))
+        record = train_medusa(model, Path(data), Path(output), cfg,
+                              on_step=lambda step, loss: bar.update(task, advance=1, loss=loss))
+    click.echo(f"calibration KL per head: {record['calibration_loss_init']:.3f} -> {record['calibration_loss']:.3f}")
+    for k, acc in enumerate(record["accuracies"]):
+        click.echo(f"head {k}: top-1 {acc[0]:.3f}, top-{topk} {sum(acc):.3f}")
+    click.echo(f"wrote {output}")
 
 
 @main.command()

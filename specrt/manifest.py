@@ -52,6 +52,25 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class MedusaEntry:
+    """Medusa heads: hidden [B, Q, H] → per-head top-k ids and log-probs, and the static tree to use."""
+
+    file: str
+    source: str
+    num_heads: int
+    topk: int
+    tree: list[list[int]]  # paths of candidate ranks, level order (see runtime/medusa.py)
+    expected_accepted: float  # predicted accepted tokens per pass from the calibration accuracies
+    accuracies: list[list[float]]  # [head][rank]: P(candidate == target's argmax) on calibration text
+    parity: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "MedusaEntry":
+        return cls(**{k: d[k] for k in ("file", "source", "num_heads", "topk", "tree", "expected_accepted",
+                                        "accuracies")}, parity=float(d.get("parity", 0.0)))
+
+
+@dataclass(frozen=True)
 class TokenizerEntry:
     file: str
     bos_token_id: int | None
@@ -74,6 +93,7 @@ class Manifest:
     models: dict[str, ModelEntry]
     vocab_check: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    medusa: MedusaEntry | None = None
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -98,6 +118,7 @@ class Manifest:
             "models": {role: m.to_json() for role, m in self.models.items()},
             "vocab_check": self.vocab_check,
             "versions": self.versions,
+            **({"medusa": asdict(self.medusa)} if self.medusa else {}),
         }
 
     def write(self, folder: Path) -> Path:
@@ -125,10 +146,12 @@ def load_manifest(folder: str | Path) -> Manifest:
     try:
         manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
                             models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
-                            vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}))
+                            vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}),
+                            medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None)
     except (KeyError, TypeError, ValueError) as e:
         raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
-    for rel in [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]:
+    files = [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]
+    for rel in files + ([manifest.medusa.file] if manifest.medusa else []):
         if not (folder / rel).is_file():
             raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
     return manifest

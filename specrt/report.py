@@ -9,7 +9,7 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def print_stats(st: GenerationStats, provider: str) -> None:
+def print_stats(st: GenerationStats, provider: str, lossy: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -20,7 +20,7 @@ def print_stats(st: GenerationStats, provider: str) -> None:
     t.add_row("new tokens", str(st.new_tokens), f"{st.target_passes} target passes, {st.draft_passes} draft passes")
     t.add_row("tokens per target pass", _fmt(st.tokens_per_target_pass, ".2f"), "plain decoding = 1.00")
     if st.drafted:
-        tree = st.method == "tree"
+        tree = st.method in ("tree", "medusa")
         t.add_row("acceptance (accepted/drafted)", _fmt(st.acceptance_rate), f"{st.accepted}/{st.drafted}"
                   + (" tree nodes" if tree else ""))
         if st.alpha_estimate is not None:
@@ -34,7 +34,10 @@ def print_stats(st: GenerationStats, provider: str) -> None:
     t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
               f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")
-    Console(stderr=True).print(t)
+    console = Console(stderr=True)
+    console.print(t)
+    if lossy:
+        console.print("[bold yellow]typical acceptance is LOSSY: this output is not distributed as the target's[/]")
 
 
 def print_bench(result: dict) -> None:

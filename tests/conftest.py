@@ -70,3 +70,18 @@ def self_bundle(pairs, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("self") / "bundle"
     export_bundle(str(target), str(target), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def medusa_bundle(pairs, tmp_path_factory) -> Path:
+    """The tiny llama pair plus Medusa heads trained for a few steps on the tests' own sources."""
+    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.medusa import MedusaTrainConfig, train_medusa
+
+    root = tmp_path_factory.mktemp("medusa")
+    target, draft = pairs["llama"]
+    train_medusa(str(target), Path(__file__).parent, root / "heads",
+                 MedusaTrainConfig(num_heads=3, steps=25, seq_len=64, batch_size=4, topk=6))
+    export_bundle(str(target), str(draft), root / "bundle",
+                  ExportOptions(exporter="torchscript", medusa=str(root / "heads"), medusa_nodes=12))
+    return root / "bundle"

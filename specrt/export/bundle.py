@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import __version__
 from ..contract import DTYPES, PARITY_TOLERANCE
 from ..errors import ConfigError, OutputPathError
-from ..manifest import Manifest, ModelEntry, TokenizerEntry
+from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
@@ -30,6 +30,8 @@ class ExportOptions:
     max_context: int | None = None
     exporter: str = "dynamo"
     force: bool = False
+    medusa: str | None = None  # folder of `specrt medusa train` heads for the target
+    medusa_nodes: int = 24  # node budget of the static Medusa tree
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -101,6 +103,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
     try:
         entries: dict[str, ModelEntry] = {}
+        medusa = None
         for role, src in sources.items():
             with reporter.step(f"Loading {role} {src}"):
                 model = load_causal_lm(src, options.dtype)
@@ -111,6 +114,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
                 parity = check_parity(model, tmp / f"{role}.onnx", dims, options.dtype,
                                       token_limit=len(tokenizers["target"]))
+            if role == "target" and options.medusa:
+                with reporter.step(f"Exporting Medusa heads {options.medusa}"):
+                    medusa = _export_medusa(Path(options.medusa), tmp, dims, options)
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
                                        parity_tolerance=PARITY_TOLERANCE[options.dtype],
@@ -122,7 +128,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             manifest = Manifest(max_context=max_context,
                                 tokenizer=_tokenizer_entry(tokenizers["target"], configs["target"],
                                                            len(tokenizers["target"])),
-                                models=entries, vocab_check=vocab_check, versions=_versions())
+                                models=entries, vocab_check=vocab_check, versions=_versions(), medusa=medusa)
             manifest.write(tmp)
             if out.exists():
                 shutil.rmtree(out)
@@ -139,3 +145,21 @@ def _max_context(requested: int | None, model_limit: int) -> int:
     if requested > model_limit:
         raise ConfigError(f"--max-context {requested} exceeds what the models support ({model_limit} positions)")
     return requested
+
+
+def _export_medusa(folder: Path, tmp: Path, dims, options: ExportOptions) -> MedusaEntry:
+    import torch
+
+    from ..runtime.medusa import choose_tree
+    from .medusa import export_heads, load_heads
+
+    heads, record = load_heads(folder)
+    if (record["hidden_size"], record["vocab_size"]) != (dims.hidden_size, dims.vocab_size):
+        raise ConfigError(f"Medusa heads in {folder} were trained for hidden {record['hidden_size']} / vocab "
+                          f"{record['vocab_size']}, the target has {dims.hidden_size} / {dims.vocab_size}")
+    topk = len(record["accuracies"][0])
+    diff = export_heads(heads, tmp / "medusa.onnx", getattr(torch, options.dtype), topk, options.opset)
+    paths, expected = choose_tree(record["accuracies"], options.medusa_nodes)
+    return MedusaEntry(file="medusa.onnx", source=str(folder), num_heads=record["num_heads"], topk=topk,
+                       tree=[list(p) for p in paths], expected_accepted=expected, accuracies=record["accuracies"],
+                       parity=diff)

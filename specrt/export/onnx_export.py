@@ -28,7 +28,7 @@ def _trace_inputs(dims: C.ModelDims, dtype: torch.dtype):
 
 
 @contextlib.contextmanager
-def _quiet_tracer() -> Iterator[None]:
+def quiet_tracer() -> Iterator[None]:
     """Silence tracer chatter (deprecations, 'torchvision is not installed' notes) for one export."""
     logger = logging.getLogger("torch.onnx")
     level = logger.level
@@ -67,7 +67,7 @@ def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int =
     args = _trace_inputs(dims, getattr(torch, dtype))
     kwargs = dict(input_names=[s.name for s in ins], output_names=[s.name for s in outs], opset_version=opset)
     large = sum(p.numel() * p.element_size() for p in wrapper.parameters()) > 1.8 * 2**30
-    with _quiet_tracer(), torch.no_grad():
+    with quiet_tracer(), torch.no_grad():
         if exporter == "dynamo":
             from torch.export import Dim
 

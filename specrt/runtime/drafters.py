@@ -146,8 +146,15 @@ class TreeDrafter(ModelDrafter):
 
     proposes_trees: ClassVar[bool] = True
 
-    def propose_tree(self, tokens: list[int], shape: TreeShape, sampling: SamplingConfig,
-                     rng: np.random.Generator) -> TokenTree:
+    def __init__(self, model: CachedModel, tree: TreeShape = TreeShape(), **_: object) -> None:
+        super().__init__(model)
+        self.shape = tree
+
+    def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
+                     hidden: np.ndarray | None = None) -> TokenTree:
+        widths = self.shape.widths[:max_depth]
+        if not widths:
+            return TokenTree([], [])
         m = self.model
         # Greedy ranks children by the draft's plain softmax; a one-hot q would only name the top one.
         cfg = SamplingConfig(temperature=1.0) if sampling.greedy else sampling
@@ -156,7 +163,7 @@ class TreeDrafter(ModelDrafter):
         nodes: list[int] = []
         parents: list[int] = []
         frontier, passes = [-1], 1
-        for level, width in enumerate(shape.widths):
+        for level, width in enumerate(widths):
             start = len(nodes)
             for parent in frontier:
                 q = child_q[parent]
@@ -165,9 +172,15 @@ class TreeDrafter(ModelDrafter):
                 nodes += picks
                 parents += [parent] * len(picks)
             frontier = list(range(start, len(nodes)))
-            if level + 1 < len(shape.widths):  # the last level's children are never needed
+            if level + 1 < len(widths):  # the last level's children are never needed
                 mask, depth = tree_mask(parents, context)
                 probs = m.run(nodes[start:], context + depth[start:], mask[:, :, start:], cfg, last=len(frontier))
                 passes += 1
                 child_q.update(zip(frontier, probs))
         return TokenTree(nodes, parents, child_q, passes)
+
+
+# Registered here so that every method lives in one table; the class itself is in medusa.py.
+from .medusa import MedusaDrafter  # noqa: E402
+
+register_method("medusa")(MedusaDrafter)

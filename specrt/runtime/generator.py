@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import BundleError, ConfigError, ContextLengthError
 from ..manifest import Manifest, load_manifest
-from .backends import Decoder, create_decoder
+from .backends import Decoder, create_decoder, create_heads
 from .drafters import METHODS, Drafter
 from .loop import MAX_GAMMA, ChainStepper, DecodeState, TreeStepper, decode
 from .model import CachedModel
@@ -81,6 +81,7 @@ class SpeculativeGenerator:
             role: create_decoder(backend, self.bundle, entry, threads) for role, entry in self.manifest.models.items()}
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
+        self._heads = create_heads(backend, self.bundle, self.manifest.medusa.file, threads) if self.manifest.medusa else None
         self.last_result: GenerationResult | None = None
 
     @property
@@ -92,30 +93,39 @@ class SpeculativeGenerator:
         bos = self.manifest.tokenizer.bos_token_id
         return ([bos] if self.manifest.tokenizer.add_bos_token and bos is not None else []) + ids
 
-    def _drafter(self, method: str) -> Drafter:
+    def _drafter(self, method: str, shape: TreeShape, acceptance: str) -> Drafter:
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
         cls = METHODS[method]
-        if cls.needs_draft_model:
-            if "draft" not in self._models:
-                raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
-            return cls(model=self._models["draft"])
-        return cls(vocab=self.manifest.target.dims.vocab_size)
+        if cls.needs_draft_model and "draft" not in self._models:
+            raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
+        if getattr(cls, "needs_medusa", False) and self._heads is None:
+            raise ConfigError(f"method {method!r} needs Medusa heads and this bundle has none "
+                              "(specrt export ... --medusa HEADS)")
+        medusa = self.manifest.medusa
+        return cls(model=self._models.get("draft"), vocab=self.manifest.target.dims.vocab_size, tree=shape,
+                   heads=self._heads, paths=medusa.tree if medusa else [], acceptance=acceptance)
 
     def stream(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] = TreeShape()) -> Iterator[str]:
+               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] = TreeShape(),
+               acceptance: str = "exact") -> Iterator[str]:
         """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result.
 
         ``method``: "draft" (chain of ``gamma`` draft-model tokens), "tree" (a draft-model token tree of
-        shape ``tree``, children per depth), "ngram" (prompt lookup) or "none" (plain decoding)."""
+        shape ``tree``, children per depth), "medusa" (the bundle's Medusa heads and static tree),
+        "ngram" (prompt lookup) or "none" (plain decoding). ``acceptance="typical"`` (Medusa only) is
+        LOSSY: faster sampling whose output is not distributed as the target's."""
         sampling = SamplingConfig(temperature, top_k, top_p)
         gamma = _check_gamma(gamma)
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        drafter = self._drafter(method)
         shape = tree if isinstance(tree, TreeShape) else TreeShape(tuple(tree))
-        stepper = TreeStepper(shape) if drafter.proposes_trees else ChainStepper(gamma if method != "none" else 0)
+        drafter = self._drafter(method, shape, acceptance)
+        if acceptance == "typical" and method != "medusa":
+            raise ConfigError("typical acceptance (lossy) applies to --method medusa only")
+        stepper = (TreeStepper(typical=acceptance == "typical") if drafter.proposes_trees
+                   else ChainStepper(gamma if method != "none" else 0))
         tokens = self.encode(prompt)
         if not tokens:
             raise ConfigError("the prompt is empty and the tokenizer adds no BOS token")

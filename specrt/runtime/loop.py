@@ -13,7 +13,8 @@ from .drafters import Drafter
 from .model import CachedModel
 from .sampling import SamplingConfig, sample
 from .stats import StatsRecorder, StepRecord
-from .tree import TreeShape, verify_tree_greedy, verify_tree_sampled
+from .medusa import verify_tree_typical
+from .tree import verify_tree_greedy, verify_tree_sampled
 from .verify import verify_chain
 
 MAX_GAMMA = 64
@@ -27,12 +28,14 @@ class DecodeState:
     sampling: SamplingConfig
     rng: np.random.Generator
     stats: StatsRecorder
+    hidden: np.ndarray | None = None  # target's final hidden state at the last accepted token (Medusa)
 
 
 def prefill(s: DecodeState) -> int:
     """Run the prompt through target and drafter; the target's distribution gives the first token."""
     with s.stats.timed("prefill"):
         p = s.target.feed(s.tokens, s.sampling)[0]
+        s.hidden = s.target.hidden[-1]
         s.drafter.prefill(s.tokens, s.sampling)
     return sample(p, s.rng)
 
@@ -51,15 +54,16 @@ def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]
     # Rejected drafts are forgotten by moving a length: O(1), nothing copied.
     s.target.cache.truncate(context_len + n)
     s.drafter.rollback(context_len + n)
+    s.hidden = s.target.hidden[n]
     betas = [theory.acceptance_rate(p[i], proposal.probs[i]) for i in range(min(n + 1, k))]
     return proposal.tokens[:n] + [next_token], StepRecord(gamma, k, n, betas, proposal.passes, t1 - t0, t2 - t1)
 
 
-def tree_step(s: DecodeState, shape: TreeShape) -> tuple[list[int], StepRecord]:
+def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[list[int], StepRecord]:
     """Draft a token tree, verify every node in ONE target pass, keep the longest accepted path + 1."""
     context_len = len(s.tokens)
     t0 = time.perf_counter()
-    tree = s.drafter.propose_tree(s.tokens, shape, s.sampling, s.rng)
+    tree = s.drafter.propose_tree(s.tokens, max_depth, s.sampling, s.rng, s.hidden)
     t1 = time.perf_counter()
     # The target's missing context (ending with the root) + the tree below it: rows [root, node 0..N-1].
     missing = s.tokens[s.target.cache.length:]
@@ -67,17 +71,20 @@ def tree_step(s: DecodeState, shape: TreeShape) -> tuple[list[int], StepRecord]:
     t2 = time.perf_counter()
     if s.sampling.greedy:
         path, next_token = verify_tree_greedy(p[0], p[1:], tree)
+    elif typical:
+        path, next_token = verify_tree_typical(p[0], p[1:], tree, s.rng)  # LOSSY, opt-in only
     else:
         path, next_token = verify_tree_sampled(p[0], p[1:], tree, s.rng)
     # The accepted nodes sit at context_len + node index; move them into a contiguous run.
     s.target.cache.compact(context_len, path)
     s.drafter.rollback(context_len)
+    s.hidden = s.target.hidden[1 + path[-1] if path else 0]
     rows = [p[0]] + [p[1 + i] for i in path]
     qs = [tree.child_q.get(node) for node in [-1, *path]]
     # Greedy trees rank children by the draft's softmax, not a one-hot q: no beta estimate there.
     betas = [] if s.sampling.greedy else [theory.acceptance_rate(pr, q) for pr, q in zip(rows, qs) if q is not None]
     return ([tree.tokens[i] for i in path] + [next_token],
-            StepRecord(len(shape.widths), len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
+            StepRecord(max_depth, len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
 
 
 class AutoGamma:
@@ -119,15 +126,14 @@ class ChainStepper:
 
 
 class TreeStepper:
-    """One tree_step per call; the tree is cut to the depth the token budget can still use."""
+    """One tree_step per call; the tree is cut to the depth the token budget can still use.
+    ``typical`` selects Medusa's typical acceptance for sampling, which is LOSSY."""
 
-    def __init__(self, shape: TreeShape) -> None:
-        self.shape = shape
+    def __init__(self, typical: bool = False) -> None:
+        self.typical = typical
 
     def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
-        if budget < 1:
-            return speculative_step(s, 0)
-        return tree_step(s, TreeShape(self.shape.widths[:budget]))
+        return tree_step(s, budget, self.typical)
 
 
 def decode(s: DecodeState, max_new_tokens: int, step: ChainStepper | TreeStepper,

@@ -30,6 +30,7 @@ class CachedModel:
         self.cache = decoder.new_cache(max_context)
         self.vocab = vocab
         self.passes = 0
+        self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
 
     def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
             last: int) -> np.ndarray:
@@ -39,6 +40,7 @@ class CachedModel:
         out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
         self.cache.advance(q_len)
         self.passes += 1
+        self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
         return probs_from_logits(align_vocab(out.logits[q_len - last:], self.vocab), sampling)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,

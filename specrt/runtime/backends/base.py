@@ -32,21 +32,30 @@ class Decoder(Protocol):
                 mask: np.ndarray) -> DecoderOutput: ...
 
 
+class Heads(Protocol):
+    """Medusa heads: hidden [1, Q, H] → (top-k ids [1, Q, heads, k] int64, log-probs [1, Q, heads, k])."""
+
+    def __call__(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str
     available: Callable[[], bool]
     factory: Callable[..., Decoder]
+    heads: Callable[..., Heads] | None = None
 
 
 _BACKENDS: dict[str, BackendInfo] = {}
 
 
-def register_backend(name: str, available: Callable[[], bool]) -> Callable[[Callable[..., Decoder]], Callable[..., Decoder]]:
-    """Class decorator: ``factory(bundle_dir, entry, threads=...)`` builds a Decoder."""
+def register_backend(name: str, available: Callable[[], bool], heads: Callable[..., Heads] | None = None
+                     ) -> Callable[[Callable[..., Decoder]], Callable[..., Decoder]]:
+    """Class decorator: ``factory(bundle_dir, entry, threads=...)`` builds a Decoder;
+    ``heads(bundle_dir, file, threads=...)`` runs Medusa heads."""
 
     def deco(factory: Callable[..., Decoder]) -> Callable[..., Decoder]:
-        _BACKENDS[name] = BackendInfo(name, available, factory)
+        _BACKENDS[name] = BackendInfo(name, available, factory, heads)
         return factory
 
     return deco
@@ -57,14 +66,25 @@ def available_backends() -> list[str]:
     return [b.name for b in _BACKENDS.values() if b.available()]
 
 
-def create_decoder(backend: str, bundle_dir: Path, entry: ModelEntry, threads: int | None = None) -> Decoder:
-    if backend == "auto":
+def _backend(name: str) -> BackendInfo:
+    if name == "auto":
         names = available_backends()
         if not names:
             raise ConfigError("no inference backend is available; install onnxruntime")
-        backend = names[0]
-    if backend not in _BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; known: {', '.join(_BACKENDS)}")
-    if not _BACKENDS[backend].available():
-        raise ConfigError(f"backend {backend!r} is not available on this machine")
-    return _BACKENDS[backend].factory(bundle_dir, entry, threads=threads)
+        name = names[0]
+    if name not in _BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(_BACKENDS)}")
+    if not _BACKENDS[name].available():
+        raise ConfigError(f"backend {name!r} is not available on this machine")
+    return _BACKENDS[name]
+
+
+def create_decoder(backend: str, bundle_dir: Path, entry: ModelEntry, threads: int | None = None) -> Decoder:
+    return _backend(backend).factory(bundle_dir, entry, threads=threads)
+
+
+def create_heads(backend: str, bundle_dir: Path, file: str, threads: int | None = None) -> Heads:
+    info = _backend(backend)
+    if info.heads is None:
+        raise ConfigError(f"backend {info.name!r} cannot run Medusa heads")
+    return info.heads(bundle_dir, file, threads=threads)

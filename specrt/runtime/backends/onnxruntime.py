@@ -26,24 +26,40 @@ def choose_providers(available: list[str]) -> list[str]:
     return (["CUDAExecutionProvider"] if "CUDAExecutionProvider" in available else []) + ["CPUExecutionProvider"]
 
 
-@register_backend("onnxruntime", _ort_available)
+def _session(path: Path, threads: int | None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads or 0
+    # Target and draft sessions alternate on the same cores; spinning threads of the idle
+    # session slowed the other by ~50 % on a 2-core machine (platform notes).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()))
+    except Exception as e:  # onnxruntime raises its own untyped errors for bad files
+        raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+
+
+class OrtHeads:
+    def __init__(self, bundle_dir: Path, file: str, threads: int | None = None) -> None:
+        self.session = _session(Path(bundle_dir) / file, threads)
+        self.input = self.session.get_inputs()[0]
+
+    def __call__(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids, logprobs = self.session.run(None, {self.input.name: hidden.astype(np.dtype(self.dtype), copy=False)})
+        return ids, logprobs
+
+    @property
+    def dtype(self) -> str:
+        return "float16" if self.input.type == "tensor(float16)" else "float32"
+
+
+@register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads or 0
-        # Target and draft sessions alternate on the same cores; spinning threads of the idle
-        # session slowed the other by ~50 % on a 2-core machine (platform notes).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        path = Path(bundle_dir) / entry.file
-        try:
-            self.session = ort.InferenceSession(str(path), opts,
-                                                providers=choose_providers(ort.get_available_providers()))
-        except Exception as e:  # onnxruntime raises its own untyped errors for bad files
-            raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+        self.session = _session(Path(bundle_dir) / entry.file, threads)
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
         self.kv_dtype = np.dtype(entry.dtype)
