@@ -1,4 +1,4 @@
-"""The decoding loop as named phases: prefill → (speculative_step)* → stop. One small state object."""
+"""The decoding loop as named phases: prefill → (speculative_step | tree_step)* → stop. One small state object."""
 
 from __future__ import annotations
 
