@@ -379,5 +379,38 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
     click.echo(f"all {len(checks)} checks passed")
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(as_json: bool) -> None:
+    """What specrt sees: Python and library versions, ONNX Runtime providers, GPUs, Jetson model /
+    L4T / JetPack / power mode, and the backend `specrt run` would pick."""
+    import json
+    from dataclasses import asdict
+
+    from .doctor import diagnose
+
+    r = diagnose()
+    if as_json:
+        click.echo(json.dumps(asdict(r), indent=2))
+        return
+    click.echo(f"python        {r.python}")
+    for name, version in r.packages.items():
+        click.echo(f"{name:<13} {version or '-'}")
+    click.echo(f"ORT providers {', '.join(r.ort_providers) or '-'}")
+    if r.gpus:
+        for g in r.gpus:
+            click.echo(f"GPU {g['index']}         {g['name']}, compute {g['compute_capability']}, {g['memory_gib']} GiB "
+                       f"(via {r.gpu_source})")
+    else:
+        click.echo("GPU           none visible")
+    if r.jetson:
+        j = r.jetson
+        click.echo(f"Jetson        {j.model}, L4T {j.l4t or '?'}, JetPack {j.jetpack or '?'}, "
+                   f"power mode {j.power_mode or '?'}")
+    click.echo(f"backend       {r.backend}")
+    for note in r.notes:
+        click.echo(f"note          {note}")
+
+
 if __name__ == "__main__":
     sys.exit(main())
