@@ -81,7 +81,8 @@ class SpeculativeGenerator:
             role: create_decoder(backend, self.bundle, entry, threads) for role, entry in self.manifest.models.items()}
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
-        self._heads = create_heads(backend, self.bundle, self.manifest.medusa.file, threads) if self.manifest.medusa else None
+        self._backend, self._threads = backend, threads
+        self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self.last_result: GenerationResult | None = None
 
     @property
@@ -100,8 +101,10 @@ class SpeculativeGenerator:
         if cls.needs_draft_model and "draft" not in self._models:
             raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
         if getattr(cls, "needs_medusa", False) and self._heads is None:
-            raise ConfigError(f"method {method!r} needs Medusa heads and this bundle has none "
-                              "(specrt export ... --medusa HEADS)")
+            if self.manifest.medusa is None:
+                raise ConfigError(f"method {method!r} needs Medusa heads and this bundle has none "
+                                  "(specrt export ... --medusa HEADS)")
+            self._heads = create_heads(self._backend, self.bundle, self.manifest.medusa.file, self._threads)
         medusa = self.manifest.medusa
         return cls(model=self._models.get("draft"), vocab=self.manifest.target.dims.vocab_size, tree=shape,
                    heads=self._heads, paths=medusa.tree if medusa else [], acceptance=acceptance)

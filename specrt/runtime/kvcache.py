@@ -14,36 +14,18 @@ from ..contract import ModelDims
 from ..errors import ContextLengthError
 
 
-class KVCache:
-    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype) -> None:
-        shape = (1, max_context, dims.num_kv_heads, dims.head_dim)
-        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
-        self.values = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
+class CacheLength:
+    """The part every cache shares whatever holds its buffers (host arrays, device tensors)."""
+
+    def __init__(self, max_context: int) -> None:
         self.max_context = max_context
         self.length = 0
-        # Host addresses never move: backends bind past/slots as base + length * row_bytes, no views.
-        self.row_bytes = dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
-        self.key_ptrs = [k.ctypes.data for k in self.keys]
-        self.value_ptrs = [v.ctypes.data for v in self.values]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.keys)
 
     def ensure_room(self, q_len: int) -> None:
         """Raise (never truncate) when Q new entries would not fit after the current length."""
         if self.length + q_len > self.max_context:
             raise ContextLengthError(f"{self.length} cached + {q_len} new positions exceed the max context "
                                      f"of {self.max_context}")
-
-    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(K, V) views [1, length, H_kv, D] of the valid entries."""
-        return self.keys[layer][:, : self.length], self.values[layer][:, : self.length]
-
-    def slots(self, layer: int, q_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """(K, V) views [1, Q, H_kv, D] right after the valid entries, where a forward writes new K/V."""
-        end = self.length + q_len
-        return self.keys[layer][:, self.length:end], self.values[layer][:, self.length:end]
 
     def advance(self, n: int) -> None:
         """Make ``n`` entries written into the slots valid."""
@@ -56,6 +38,36 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
+    @staticmethod
+    def check_keep(keep: np.ndarray, start: int, max_context: int) -> None:
+        if keep.size and (np.any(np.diff(keep) <= 0) or keep[0] < 0 or start + keep[-1] >= max_context):
+            raise ValueError(f"keep must be increasing offsets inside the cache, got {keep.tolist()}")
+
+
+class KVCache(CacheLength):
+    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype) -> None:
+        super().__init__(max_context)
+        shape = (1, max_context, dims.num_kv_heads, dims.head_dim)
+        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
+        self.values = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
+        # Host addresses never move: backends bind past/slots as base + length * row_bytes, no views.
+        self.row_bytes = dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
+        self.key_ptrs = [k.ctypes.data for k in self.keys]
+        self.value_ptrs = [v.ctypes.data for v in self.values]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, V) views [1, length, H_kv, D] of the valid entries."""
+        return self.keys[layer][:, : self.length], self.values[layer][:, : self.length]
+
+    def slots(self, layer: int, q_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """(K, V) views [1, Q, H_kv, D] right after the valid entries, where a forward writes new K/V."""
+        end = self.length + q_len
+        return self.keys[layer][:, self.length:end], self.values[layer][:, self.length:end]
+
     def compact(self, start: int, keep: np.ndarray | list[int]) -> None:
         """Move the entries at ``start + keep[j]`` to ``start + j`` and set length = start + len(keep).
 
@@ -63,8 +75,7 @@ class KVCache:
         slots and must become contiguous. ``keep`` is increasing, so rows only move left.
         """
         keep = np.asarray(keep, dtype=np.int64)
-        if keep.size and (np.any(np.diff(keep) <= 0) or keep[0] < 0 or start + keep[-1] >= self.max_context):
-            raise ValueError(f"keep must be increasing offsets inside the cache, got {keep.tolist()}")
+        self.check_keep(keep, start, self.max_context)
         src = start + keep
         dst = start + np.arange(keep.size)
         for buf in (*self.keys, *self.values):

@@ -7,3 +7,17 @@ from . import onnxruntime as _onnxruntime  # noqa: F401,E402
 
 __all__ = ["Decoder", "DecoderOutput", "Heads", "available_backends", "create_decoder", "create_heads",
            "register_backend"]
+
+
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None  # a lookup, not an import: the runtime stays torch-free
+
+
+@register_backend("torch", _torch_available)
+def _torch_decoder(bundle_dir, entry, threads=None):
+    """PyTorch on the bundle's source checkpoint (CUDA graphs on GPUs); never chosen by "auto"."""
+    from ...engines.torch_backend import TorchDecoder
+
+    return TorchDecoder(bundle_dir, entry, threads=threads)

@@ -61,14 +61,19 @@ def register_backend(name: str, available: Callable[[], bool], heads: Callable[.
     return deco
 
 
+# Backends "auto" may pick, in preference order; torch needs an explicit --backend torch.
+AUTO_ORDER = ("onnxruntime",)
+
+
 def available_backends() -> list[str]:
-    """Registered backends that can run here, in preference order (registration order)."""
-    return [b.name for b in _BACKENDS.values() if b.available()]
+    """Registered backends that can run here, "auto"'s candidates first."""
+    names = [b.name for b in _BACKENDS.values() if b.available()]
+    return sorted(names, key=lambda n: AUTO_ORDER.index(n) if n in AUTO_ORDER else len(AUTO_ORDER))
 
 
 def _backend(name: str) -> BackendInfo:
     if name == "auto":
-        names = available_backends()
+        names = [n for n in available_backends() if n in AUTO_ORDER]
         if not names:
             raise ConfigError("no inference backend is available; install onnxruntime")
         name = names[0]
