@@ -380,6 +380,42 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
 
 
 @main.command()
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder [default: the demo bundle shipped with specrt].")
+@click.option("--precision", type=click.Choice(["fp16", "bf16", "int8", "fp8"]), default="fp16", show_default=True)
+@click.option("--max-context", type=int, default=2048, show_default=True)
+@click.option("--max-batch", type=int, default=1, show_default=True)
+@click.option("--workspace", "workspace_mb", type=int, default=4096, show_default=True, help="MB.")
+@click.option("--jetson", is_flag=True, help="Jetson Orin/Thor defaults: fp16, workspace from free unified memory.")
+@_domain_errors
+def build(bundle: str | None, precision: str, max_context: int, max_batch: int, workspace_mb: int,
+          jetson: bool) -> None:
+    """Build TensorRT engines for the bundle's models (cached by ONNX hash, TensorRT version, GPU,
+    precision and profiles). Needs an NVIDIA GPU and TensorRT (`pip install 'specrt[trt]'`, or
+    JetPack's TensorRT on Jetson).
+
+    Note: the TensorRT runtime backend that runs these engines is not in this release yet.
+    """
+    import os
+    from pathlib import Path
+
+    from .demo import bundle_path
+    from .engines.tensorrt_build import BuildOptions, build_bundle_engines, jetson_defaults, require_tensorrt
+
+    opts = BuildOptions(precision=precision, max_context=max_context, max_batch=max_batch, workspace_mb=workspace_mb)
+    require_tensorrt()  # before any work: the one-line error names what to install
+    if jetson:
+        free_mb = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        opts = jetson_defaults(free_mb, opts)
+    from rich.console import Console
+
+    with Console(stderr=True).status("building TensorRT engines…"):
+        engines = build_bundle_engines(Path(bundle) if bundle else bundle_path(), opts)
+    for role, e in engines.items():
+        click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {opts.precision})")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """What specrt sees: Python and library versions, ONNX Runtime providers, GPUs, Jetson model /

@@ -94,6 +94,7 @@ class Manifest:
     vocab_check: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     medusa: MedusaEntry | None = None
+    engines: dict[str, Any] = field(default_factory=dict)  # role -> TensorRT engine file, cache key, options
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -119,6 +120,7 @@ class Manifest:
             "vocab_check": self.vocab_check,
             "versions": self.versions,
             **({"medusa": asdict(self.medusa)} if self.medusa else {}),
+            **({"engines": self.engines} if self.engines else {}),
         }
 
     def write(self, folder: Path) -> Path:
@@ -147,7 +149,8 @@ def load_manifest(folder: str | Path) -> Manifest:
         manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
                             models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
                             vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}),
-                            medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None)
+                            medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None,
+                            engines=raw.get("engines", {}))
     except (KeyError, TypeError, ValueError) as e:
         raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
     files = [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]

@@ -1,0 +1,85 @@
+"""TensorRT build logic on the CPU (profiles, cache keys, options, Jetson defaults, the clear error when
+TensorRT is absent); the engine build itself runs where TensorRT and a GPU exist."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.cli import main
+from specrt.contract import ModelDims
+from specrt.engines.tensorrt_build import BuildOptions, engine_key, jetson_defaults, profiles
+from specrt.errors import ConfigError
+from specrt.manifest import ModelEntry
+
+ENTRY = ModelEntry(file="target.onnx", source="x", architecture="llama", dtype="float16",
+                   dims=ModelDims(num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64, hidden_size=512,
+                                  vocab_size=4096))
+
+
+def test_profiles_cover_prefill_and_verify():
+    prefill, verify = profiles(ENTRY, BuildOptions(max_context=1024, max_prompt=512, max_verify=32))
+    assert prefill["input_ids"] == ((1, 1), (1, 128), (1, 512))
+    assert prefill["past_key.0"] == ((1, 0, 2, 64),) * 3  # prefill has no past
+    assert verify["input_ids"][2] == (1, 32)
+    assert verify["past_value.1"] == ((1, 0, 2, 64), (1, 512, 2, 64), (1, 992, 2, 64))
+    # The mask's last axis is always past + query.
+    for prof in (prefill, verify):
+        for (b, one, q, s), (_, p, _, _) in zip(prof["attention_mask"], prof["past_key.0"]):
+            assert s == p + q
+    assert len(verify) == 3 + 2 * 2
+
+
+def test_engine_key_changes_with_everything_that_changes_the_engine():
+    opts = BuildOptions()
+    shapes = profiles(ENTRY, opts)
+    base = engine_key("abc", "10.3", "8.7", opts, shapes)
+    assert base == engine_key("abc", "10.3", "8.7", opts, shapes)
+    assert len({base, engine_key("abd", "10.3", "8.7", opts, shapes), engine_key("abc", "10.4", "8.7", opts, shapes),
+                engine_key("abc", "10.3", "9.0", opts, shapes),
+                engine_key("abc", "10.3", "8.7", BuildOptions(precision="bf16"), shapes),
+                engine_key("abc", "10.3", "8.7", opts, profiles(ENTRY, BuildOptions(max_context=4096)))}) == 6
+
+
+def test_options_validation_and_jetson_defaults():
+    for bad in (dict(precision="fp4"), dict(precision="int8"), dict(max_context=0), dict(max_prompt=5000)):
+        with pytest.raises(ConfigError):
+            BuildOptions(**bad)
+    j = jetson_defaults(30_000, BuildOptions(precision="bf16", workspace_mb=99_999))
+    assert j.jetson and j.precision == "bf16" and j.workspace_mb == 4096
+    assert jetson_defaults(1_000, BuildOptions()).workspace_mb == 500
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
+def test_build_without_tensorrt_is_a_one_line_error(llama_bundle):
+    res = CliRunner().invoke(main, ["build", "--bundle", str(llama_bundle)])
+    assert res.exit_code == 1 and "TensorRT is not available" in res.output and "specrt[trt]" in res.output
+    assert "Traceback" not in res.output
+
+
+def _gpu_with_tensorrt() -> bool:
+    try:
+        from specrt.engines.tensorrt_build import require_tensorrt
+
+        require_tensorrt()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _gpu_with_tensorrt(), reason="needs TensorRT and an NVIDIA GPU")
+def test_build_engines_and_cache(llama_bundle, tmp_path):
+    import shutil
+
+    from specrt.engines.tensorrt_build import build_bundle_engines
+    from specrt.manifest import load_manifest
+
+    bundle = tmp_path / "b"
+    shutil.copytree(llama_bundle, bundle)
+    opts = BuildOptions(max_context=256, max_prompt=128, max_verify=16, workspace_mb=512)
+    first = build_bundle_engines(bundle, opts)
+    assert (bundle / first["target"]["file"]).stat().st_size > 0
+    assert load_manifest(bundle).engines["target"]["key"] == first["target"]["key"]
+    assert build_bundle_engines(bundle, opts) == first  # cached: same key, same file
