@@ -81,12 +81,23 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
                          "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle)},
               "methods": {}}
     base = statistics.median(x["tokens_per_second"] for x in runs["none"])
+    decode_ms = statistics.median(x["target_pass_ms"] for x in runs["none"])
     for method, reps in runs.items():
         row = {k: statistics.median(x[k] for x in reps if x[k] is not None) if any(x[k] is not None for x in reps)
                else None for k in reps[0]}
         row["speedup_vs_none"] = row["tokens_per_second"] / base
-        if row["predicted_speedup"]:
+        # The theory counts cost in plain decode steps: c = draft pass / plain target pass. Verifying
+        # γ+1 tokens costs more than one plain pass on a CPU; verify_cost shows by how much.
+        row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
+        row["verify_cost"] = row["target_pass_ms"] / decode_ms
+        gamma = round(row["mean_gamma"])
+        if row["alpha"] is not None and gamma and method != "tree":
+            row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
+            row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
+                                                 / (gamma * row["c"] + row["verify_cost"]))
             row["achieved_over_predicted"] = row["speedup_vs_none"] / row["predicted_speedup"]
+        else:
+            row["predicted_speedup"] = None
         if cfg.temperature == 0:
             row["greedy_matches_none"] = outputs[method] == outputs["none"]
         result["methods"][method] = row
@@ -103,18 +114,14 @@ def _aggregate(stats: list) -> dict:
     draft_passes = sum(s.draft_passes for s in stats)
     verify_s, draft_s = sum(s.verify_s for s in stats), sum(s.draft_s for s in stats)
     t_target = verify_s / steps if steps else 0.0
-    c = (draft_s / draft_passes) / t_target if draft_passes and t_target else 0.0
-    gamma = statistics.mean(s.mean_gamma for s in stats)
-    alpha = statistics.mean(betas) if betas else None
     return {
         "tokens_per_second": tokens / total,
         "tokens_per_target_pass": tokens / passes,
         "acceptance_rate": accepted / drafted if drafted else None,
-        "alpha": alpha,
-        "mean_gamma": gamma,
-        "c": c,
-        "predicted_speedup": theory.speedup(min(alpha, 1.0), round(gamma), c) if alpha is not None and round(gamma) else None,
+        "alpha": statistics.mean(betas) if betas else None,
+        "mean_gamma": statistics.mean(s.mean_gamma for s in stats),
         "target_pass_ms": 1000 * t_target,
+        "draft_pass_ms": 1000 * draft_s / draft_passes if draft_passes else None,
         "share_draft": draft_s / total, "share_verify": verify_s / total,
         "share_prefill": sum(s.prefill_s for s in stats) / total,
         "share_host": sum(s.other_s for s in stats) / total,

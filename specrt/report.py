@@ -47,16 +47,19 @@ def print_bench(result: dict) -> None:
     cfg = result["config"]
     t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · "
                     f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
-    for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "predicted", "draft/verify/host",
-                "= none"):
+    for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "verify cost", "predicted",
+                "draft/verify/host", "= none"):
         t.add_column(col, justify="right")
     for method, r in result["methods"].items():
         split = f"{r['share_draft']:.0%}/{r['share_verify']:.0%}/{r['share_host']:.0%}"
         same = {True: "yes", False: "NO", None: "-"}[r.get("greedy_matches_none")]
         t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x",
-                  f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]),
+                  f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]), f"{r['verify_cost']:.2f}",
                   _fmt(r["predicted_speedup"], ".2f"), split, same)
-    Console().print(t)
+    import sys
+
+    console = Console(width=None if sys.stdout.isatty() else 140)  # pipes and files get the whole table
+    console.print(t)
     if "hf" in result:
         hf = result["hf"]
         lines = [f"Hugging Face generate: {hf['hf_generate']['tokens_per_second']:.1f} tokens/s "
@@ -65,4 +68,4 @@ def print_bench(result: dict) -> None:
             lines.append(f"Hugging Face assisted generation: {hf['hf_assisted']['tokens_per_second']:.1f} tokens/s"
                          + (f" (specrt draft is {hf['specrt_draft_over_hf_assisted']:.2f}x)"
                             if "specrt_draft_over_hf_assisted" in hf else ""))
-        Console().print("\n".join(lines))
+        console.print("\n".join(lines))

@@ -6,6 +6,7 @@ from click.testing import CliRunner
 from specrt.bench import BenchConfig, builtin_prompts, read_prompts, run_bench
 from specrt.cli import main
 from specrt.errors import ConfigError
+from specrt.theory import speedup
 
 
 def test_bench_figures_are_well_formed(generator):
@@ -16,7 +17,11 @@ def test_bench_figures_are_well_formed(generator):
     assert none["speedup_vs_none"] == 1.0 and none["tokens_per_target_pass"] == 1.0
     assert draft["speedup_vs_none"] == pytest.approx(draft["tokens_per_second"] / none["tokens_per_second"])
     assert all(r["greedy_matches_none"] for r in res["methods"].values())
-    assert 0 <= draft["alpha"] <= 1 and draft["c"] > 0
+    assert 0 <= draft["alpha"] <= 1 and draft["c"] > 0 and draft["verify_cost"] > 0
+    assert none["verify_cost"] == 1.0 and none["predicted_speedup"] is None
+    assert draft["predicted_speedup"] == pytest.approx(
+        speedup(min(draft["alpha"], 1.0), round(draft["mean_gamma"]), draft["c"]))
+    assert draft["achieved_over_predicted"] == pytest.approx(draft["speedup_vs_none"] / draft["predicted_speedup"])
     shares = sum(draft[k] for k in ("share_draft", "share_verify", "share_prefill", "share_host"))
     assert shares == pytest.approx(1.0, abs=1e-6)
     json.dumps(res)
