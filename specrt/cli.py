@@ -35,7 +35,7 @@ def main() -> None:
     \b
     Typical session:
       specrt export ./target --draft ./draft -o bundle     # HF models -> checked ONNX bundle
-      specrt run "def fib(n):" --bundle bundle --stats     # stream text, show alpha and speedup
+      specrt run "def fib(n):" --bundle bundle --stats --baseline     # stream text, show alpha and speedup
     """
 
 
@@ -126,6 +126,8 @@ def _gamma(value: str) -> int | str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--stats", is_flag=True, help="Print acceptance, tokens per target pass, c and speedups to stderr.")
+@click.option("--baseline", is_flag=True,
+              help="With --stats: also decode the prompt with --method none and print the measured speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, stats) instead of streaming.")
 @click.option("--backend", default="auto", show_default=True, help="Inference backend (onnxruntime).")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
@@ -133,8 +135,8 @@ def _gamma(value: str) -> int | str:
 def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shape: str, gamma: int | str,
         max_new_tokens: int,
         temperature: float,
-        top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, as_json: bool, backend: str,
-        threads: int | None) -> None:
+        top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool,
+        backend: str, threads: int | None) -> None:
     """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout.
 
     The output is distributed exactly as the target model's own (greedy: identical tokens);
@@ -142,7 +144,7 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
 
     \b
     Examples:
-      specrt run "def fib(n):" --bundle bundle --stats
+      specrt run "def fib(n):" --bundle bundle --stats --baseline
       specrt run "import os" --bundle bundle --method ngram --temperature 0.8 --top-p 0.95 --seed 1
       specrt run "class Stack:" --bundle bundle --gamma auto --json
       specrt run "def main():" --bundle bundle --method tree --tree 3,2,1,1 --stats
@@ -168,7 +170,12 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
     if stats:
         from .report import print_stats
 
-        print_stats(result.stats, gen.decoders["target"].provider, lossy=acceptance == "typical")
+        measured = None
+        if baseline and method != "none":
+            plain = gen.generate(prompt, **{**kwargs, "method": "none"})
+            measured = result.stats.tokens_per_second / plain.stats.tokens_per_second
+        print_stats(result.stats, gen.decoders["target"].provider, lossy=acceptance == "typical",
+                    measured_speedup=measured)
 
 
 @main.command()

@@ -9,7 +9,8 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def print_stats(st: GenerationStats, provider: str, lossy: bool = False) -> None:
+def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
+                measured_speedup: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -32,6 +33,8 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False) -> None
             t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
                       "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
     t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")
+    if measured_speedup is not None:
+        t.add_row("measured speedup", f"{measured_speedup:.2f}x", "vs --method none, same prompt and backend")
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
               f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")
     console = Console(stderr=True)

@@ -43,9 +43,10 @@ def test_export_and_run(pairs, tmp_path):
 
 def test_run_streams_and_prints_stats(close_bundle):
     res = invoke("run", "def fib(n):", "--bundle", str(close_bundle), "--max-new-tokens", "30", "--stats",
-                 "--gamma", "auto")
+                 "--gamma", "auto", "--baseline")
     assert res.exit_code == 0, res.output
-    for label in ("tokens per target pass", "alpha (mean sum min(p,q))", "predicted speedup", "c (draft pass"):
+    for label in ("tokens per target pass", "alpha (mean sum min(p,q))", "predicted speedup", "c (draft pass",
+                  "measured speedup"):
         assert label in res.output
 
 
