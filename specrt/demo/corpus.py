@@ -89,7 +89,8 @@ def is_val(rel: str, val_fraction: float = VAL_FRACTION) -> bool:
     return bucket < round(val_fraction * _HASH_BUCKETS)
 
 
-def split_files(files: list[CorpusFile], val_fraction: float = VAL_FRACTION) -> tuple[list[CorpusFile], list[CorpusFile]]:
+def split_files(files: list[CorpusFile],
+                val_fraction: float = VAL_FRACTION) -> tuple[list[CorpusFile], list[CorpusFile]]:
     """(train, val), each keeping the input order."""
     train = [f for f in files if not is_val(f.rel, val_fraction)]
     val = [f for f in files if is_val(f.rel, val_fraction)]

@@ -130,6 +130,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                                            len(tokenizers["target"])),
                                 models=entries, vocab_check=vocab_check, versions=_versions(), medusa=medusa)
             manifest.write(tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
             if out.exists():
                 shutil.rmtree(out)
             os.replace(tmp, out)
