@@ -162,7 +162,8 @@ def train_medusa(model: str, data: Path, out: Path, cfg: MedusaTrainConfig = Med
     dims = adapter.dims()
     wrapper = DecoderWrapper(adapter)
     texts = read_texts(Path(data))
-    ids = [i for t in texts for i in ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok(t, add_special_tokens=False).input_ids]
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    ids = [i for t in texts for i in bos + tok(t, add_special_tokens=False).input_ids]
     windows = _windows(torch.tensor(ids, dtype=torch.long), cfg.seq_len)
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.randperm(len(windows), generator=gen)
