@@ -53,6 +53,7 @@ class BenchConfig:
     gamma: int | str = 4
     temperature: float = 0.0
     tree: TreeShape = TreeShape()
+    seed: int = 0  # repeat r samples with seed + r
 
     def __post_init__(self) -> None:
         if "none" not in self.methods:
@@ -72,7 +73,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
-                                  temperature=cfg.temperature, seed=r, tree=cfg.tree) for p in prompts]
+                                  temperature=cfg.temperature, seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
             outputs.setdefault(method, [s.token_ids for s in stats])
             runs[method].append(_aggregate([s.stats for s in stats]))
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,

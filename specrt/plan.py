@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,19 +39,16 @@ class Measurement:
 
 def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,
             seed: int = 0) -> Measurement:
-    """α and c of a bundle's draft on this backend, as Leviathan et al. estimate α (mean of β over prefixes)."""
+    """α and c of a bundle's draft on this backend, measured as ``specrt bench`` measures them (α: mean
+    Σmin(p, q) over verified prefixes, as Leviathan et al. estimate it; c: draft pass / plain target pass)."""
+    from .bench import BenchConfig, run_bench
+
     if gen.manifest.draft is None:
         raise ConfigError("this bundle has no draft model to measure")
-    gen.generate(prompts[0], max_new_tokens=8)  # warm-up
-    stats = [gen.generate(p, max_new_tokens=max_new_tokens, method="draft", gamma=gamma, temperature=temperature,
-                          seed=seed).stats for p in prompts]
-    drafted = sum(s.drafted for s in stats)
-    draft_passes = sum(s.draft_passes for s in stats)
-    steps = sum(s.target_passes - 1 for s in stats)
-    t_draft = sum(s.draft_s for s in stats) / draft_passes
-    t_target = sum(s.verify_s for s in stats) / steps
-    return Measurement(alpha=statistics.mean(s.alpha_estimate for s in stats if s.alpha_estimate is not None),
-                       acceptance_rate=sum(s.accepted for s in stats) / drafted, c=t_draft / t_target,
+    cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, gamma=gamma,
+                      temperature=temperature, seed=seed)
+    row = run_bench(gen, prompts, cfg)["methods"]["draft"]
+    return Measurement(alpha=row["alpha"], acceptance_rate=row["acceptance_rate"], c=row["c"],
                        temperature=temperature, prompts=len(prompts))
 
 

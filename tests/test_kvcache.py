@@ -10,22 +10,25 @@ DIMS = ModelDims(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=3, hidden_s
 
 
 def filled(cache: KVCache, n: int, start_value: float = 0.0) -> None:
+    """Write n entries where a backend's forward writes them: right after the valid ones."""
+    end = cache.length + n
     for layer in range(cache.num_layers):
-        k, v = cache.slots(layer, n)
+        k, v = cache.keys[layer][:, cache.length:end], cache.values[layer][:, cache.length:end]
         k[...] = start_value + np.arange(n)[None, :, None, None]
         v[...] = -k
     cache.advance(n)
 
 
-def test_views_are_contiguous_and_in_place():
+def test_past_and_slots_are_contiguous_ranges_at_the_bound_addresses():
     c = KVCache(DIMS, 16, np.float32)
     filled(c, 5)
-    k, v = c.past(0)
+    k = c.keys[0][:, : c.length]  # what a backend binds as past_key.0
     assert k.shape == (1, 5, 2, 3) and k.flags.c_contiguous
-    assert np.shares_memory(k, c.keys[0])
-    slot_k, _ = c.slots(1, 3)
+    assert np.shares_memory(k, c.keys[0]) and k.ctypes.data == c.key_ptrs[0]
+    slot_k = c.keys[1][:, c.length:c.length + 3]  # where new_key.1 is written
     assert slot_k.flags.c_contiguous and slot_k.shape == (1, 3, 2, 3)
-    assert slot_k.ctypes.data == c.keys[1].ctypes.data + 5 * 2 * 3 * 4
+    assert slot_k.ctypes.data == c.keys[1].ctypes.data + 5 * 2 * 3 * 4 == c.key_ptrs[1] + c.length * c.row_bytes
+    assert c.values[1][:, c.length:].ctypes.data == c.value_ptrs[1] + c.length * c.row_bytes
 
 
 def test_rollback_is_a_length_move():

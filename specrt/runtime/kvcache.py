@@ -1,8 +1,9 @@
 """A preallocated KV cache per model whose ``length`` is the only truth.
 
 Layout per layer: [1, max_context, H_kv, D] (seq-major, see docs/onnx-contract.md), so the past
-``[:, :length]`` and the slots for Q new tokens ``[:, length:length+Q]`` are contiguous views that a
-backend binds directly: the graph reads the past and writes the new K/V in place, with no copy.
+``[:, :length]`` and the slots for Q new tokens ``[:, length:length+Q]`` are contiguous byte ranges
+(``ptr`` and ``ptr + length * row_bytes``) that a backend binds directly: the graph reads the past and
+writes the new K/V in place, with no copy.
 Rolling back a rejected chain is ``length = n``: O(1), nothing is erased.
 """
 
@@ -58,15 +59,6 @@ class KVCache(CacheLength):
     @property
     def num_layers(self) -> int:
         return len(self.keys)
-
-    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(K, V) views [1, length, H_kv, D] of the valid entries."""
-        return self.keys[layer][:, : self.length], self.values[layer][:, : self.length]
-
-    def slots(self, layer: int, q_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """(K, V) views [1, Q, H_kv, D] right after the valid entries, where a forward writes new K/V."""
-        end = self.length + q_len
-        return self.keys[layer][:, self.length:end], self.values[layer][:, self.length:end]
 
     def compact(self, start: int, keep: np.ndarray | list[int]) -> None:
         """Move the entries at ``start + keep[j]`` to ``start + j`` and set length = start + len(keep).

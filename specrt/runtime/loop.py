@@ -56,7 +56,7 @@ def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]
     s.drafter.rollback(context_len + n)
     s.hidden = s.target.hidden[n]
     betas = [theory.acceptance_rate(p[i], proposal.probs[i]) for i in range(min(n + 1, k))]
-    return proposal.tokens[:n] + [next_token], StepRecord(gamma, k, n, betas, proposal.passes, t1 - t0, t2 - t1)
+    return proposal.tokens[:n] + [next_token], StepRecord(k, n, betas, proposal.passes, t1 - t0, t2 - t1)
 
 
 def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[list[int], StepRecord]:
@@ -84,7 +84,7 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
     # Greedy trees rank children by the draft's softmax, not a one-hot q: no beta estimate there.
     betas = [] if s.sampling.greedy else [theory.acceptance_rate(pr, q) for pr, q in zip(rows, qs) if q is not None]
     return ([tree.tokens[i] for i in path] + [next_token],
-            StepRecord(max_depth, len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
+            StepRecord(len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
 
 
 class AutoGamma:

@@ -12,7 +12,6 @@ from .. import theory
 
 @dataclass(frozen=True)
 class StepRecord:
-    gamma: int
     proposed: int
     accepted: int
     betas: list[float]  # sum_x min(p, q) at each verified position up to the first rejection

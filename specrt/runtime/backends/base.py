@@ -20,8 +20,8 @@ class DecoderOutput:
 
 
 class Decoder(Protocol):
-    """One model on one engine. ``forward`` reads ``cache.past`` and writes the Q new K/V into
-    ``cache.slots``; it never changes ``cache.length`` (the loop decides what becomes valid)."""
+    """One model on one engine. ``forward`` reads the cache's first ``length`` entries and writes the Q
+    new K/V right after them; it never changes ``cache.length`` (the loop decides what becomes valid)."""
 
     entry: ModelEntry
     provider: str
