@@ -30,7 +30,7 @@ def main() -> int:
         return 0
     try:
         import tensorrt  # noqa: F401
-        print("NOTE tensorrt importable (engine build is not implemented yet)")
+        print("NOTE tensorrt importable: engines and the TensorRT backend are checked by tests/test_gpu_backends.py")
     except ImportError:
         print("SKIP TensorRT: not importable")
 

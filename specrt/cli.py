@@ -129,7 +129,9 @@ def _gamma(value: str) -> int | str:
 @click.option("--baseline", is_flag=True,
               help="With --stats: also decode the prompt with --method none and print the measured speedup.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token_ids, stats) instead of streaming.")
-@click.option("--backend", default="auto", show_default=True, help="Inference backend (onnxruntime).")
+@click.option("--backend", default="auto", show_default=True,
+              help="onnxruntime, tensorrt or torch. auto: TensorRT when the bundle has engines from `specrt build` "
+                   "(and TensorRT is importable), else ONNX Runtime (its CUDA provider if onnxruntime-gpu sees a GPU).")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
 @_domain_errors
 def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shape: str, gamma: int | str,
@@ -390,26 +392,39 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
               help="Bundle folder [default: the demo bundle shipped with specrt].")
 @click.option("--precision", type=click.Choice(["fp16", "bf16", "int8", "fp8"]), default="fp16", show_default=True)
-@click.option("--max-context", type=int, default=2048, show_default=True)
+@click.option("--max-context", type=int, default=None, help="Longest context the engines serve [default: the bundle's].")
+@click.option("--max-prompt", type=int, default=1024, show_default=True,
+              help="Longest prompt (prefill profile).")
+@click.option("--max-verify", type=int, default=64, show_default=True,
+              help="Most tokens in one verify pass: gamma + 1, or the largest tree / Medusa tree.")
 @click.option("--max-batch", type=int, default=1, show_default=True)
 @click.option("--workspace", "workspace_mb", type=int, default=4096, show_default=True, help="MB.")
 @click.option("--jetson", is_flag=True, help="Jetson Orin/Thor defaults: fp16, workspace from free unified memory.")
 @_domain_errors
-def build(bundle: str | None, precision: str, max_context: int, max_batch: int, workspace_mb: int,
-          jetson: bool) -> None:
+def build(bundle: str | None, precision: str, max_context: int | None, max_prompt: int, max_verify: int, max_batch: int,
+          workspace_mb: int, jetson: bool) -> None:
     """Build TensorRT engines for the bundle's models (cached by ONNX hash, TensorRT version, GPU,
     precision and profiles). Needs an NVIDIA GPU and TensorRT (`pip install 'specrt[trt]'`, or
     JetPack's TensorRT on Jetson).
 
-    Note: the TensorRT runtime backend that runs these engines is not in this release yet.
+    Afterwards `specrt run --bundle DIR` uses the engines (backend auto, or --backend tensorrt), with
+    the KV cache on the GPU; Medusa heads stay on ONNX Runtime.
+
+    \b
+    Example:
+      specrt build --bundle bundle --precision fp16 --max-context 4096 --max-verify 32
     """
     import os
     from pathlib import Path
 
     from .demo import bundle_path
     from .engines.tensorrt_build import BuildOptions, build_bundle_engines, jetson_defaults, require_tensorrt
+    from .manifest import load_manifest
 
-    opts = BuildOptions(precision=precision, max_context=max_context, max_batch=max_batch, workspace_mb=workspace_mb)
+    bundle_dir = Path(bundle) if bundle else bundle_path()
+    max_context = max_context or load_manifest(bundle_dir).max_context
+    opts = BuildOptions(precision=precision, max_context=max_context, max_prompt=min(max_prompt, max_context),
+                        max_verify=max_verify, max_batch=max_batch, workspace_mb=workspace_mb)
     require_tensorrt()  # before any work: the one-line error names what to install
     if jetson:
         free_mb = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
@@ -417,7 +432,7 @@ def build(bundle: str | None, precision: str, max_context: int, max_batch: int, 
     from rich.console import Console
 
     with Console(stderr=True).status("building TensorRT engines…"):
-        engines = build_bundle_engines(Path(bundle) if bundle else bundle_path(), opts)
+        engines = build_bundle_engines(bundle_dir, opts)
     for role, e in engines.items():
         click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {opts.precision})")
 

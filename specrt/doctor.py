@@ -118,6 +118,8 @@ def diagnose() -> Report:
                     gpu_source=source if gpus else None, jetson=jetson_info())
     backends = available_backends()
     report.backend = backends[0] if backends else "none"
+    if report.backend == "tensorrt":
+        report.backend = "tensorrt (for bundles with engines from `specrt build`), else onnxruntime"
     if report.backend == "onnxruntime":
         from .runtime.backends.onnxruntime import choose_providers
 

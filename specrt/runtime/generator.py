@@ -111,7 +111,7 @@ class SpeculativeGenerator:
 
     def stream(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] = TreeShape(),
+               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
                acceptance: str = "exact") -> Iterator[str]:
         """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result.
 
@@ -123,7 +123,8 @@ class SpeculativeGenerator:
         gamma = _check_gamma(gamma)
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        shape = tree if isinstance(tree, TreeShape) else TreeShape(tuple(tree))
+        shape = (tree if isinstance(tree, TreeShape) else TreeShape.parse(tree) if isinstance(tree, str)
+                 else TreeShape(tuple(tree)))
         drafter = self._drafter(method, shape, acceptance)
         if acceptance == "typical" and method != "medusa":
             raise ConfigError("typical acceptance (lossy) applies to --method medusa only")

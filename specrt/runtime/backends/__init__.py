@@ -4,6 +4,7 @@ from .base import Decoder, DecoderOutput, Heads, available_backends, create_deco
 
 # Importing a backend module registers it.
 from . import onnxruntime as _onnxruntime  # noqa: F401,E402
+from . import tensorrt as _tensorrt  # noqa: F401,E402  (imports TensorRT only when used)
 
 __all__ = ["Decoder", "DecoderOutput", "Heads", "available_backends", "create_decoder", "create_heads",
            "register_backend"]

@@ -44,25 +44,28 @@ class BackendInfo:
     available: Callable[[], bool]
     factory: Callable[..., Decoder]
     heads: Callable[..., Heads] | None = None
+    accepts: Callable[[Path], bool] | None = None  # "auto" skips a backend that cannot run this bundle
 
 
 _BACKENDS: dict[str, BackendInfo] = {}
 
 
-def register_backend(name: str, available: Callable[[], bool], heads: Callable[..., Heads] | None = None
+def register_backend(name: str, available: Callable[[], bool], heads: Callable[..., Heads] | None = None,
+                     accepts: Callable[[Path], bool] | None = None
                      ) -> Callable[[Callable[..., Decoder]], Callable[..., Decoder]]:
     """Class decorator: ``factory(bundle_dir, entry, threads=...)`` builds a Decoder;
-    ``heads(bundle_dir, file, threads=...)`` runs Medusa heads."""
+    ``heads(bundle_dir, file, threads=...)`` runs Medusa heads; ``accepts(bundle_dir)`` says whether
+    "auto" may pick this backend for a bundle (e.g. TensorRT only once engines were built)."""
 
     def deco(factory: Callable[..., Decoder]) -> Callable[..., Decoder]:
-        _BACKENDS[name] = BackendInfo(name, available, factory, heads)
+        _BACKENDS[name] = BackendInfo(name, available, factory, heads, accepts)
         return factory
 
     return deco
 
 
 # Backends "auto" may pick, in preference order; torch needs an explicit --backend torch.
-AUTO_ORDER = ("onnxruntime",)
+AUTO_ORDER = ("tensorrt", "onnxruntime")
 
 
 def available_backends() -> list[str]:
@@ -71,9 +74,10 @@ def available_backends() -> list[str]:
     return sorted(names, key=lambda n: AUTO_ORDER.index(n) if n in AUTO_ORDER else len(AUTO_ORDER))
 
 
-def _backend(name: str) -> BackendInfo:
+def _backend(name: str, bundle_dir: Path | None = None) -> BackendInfo:
     if name == "auto":
-        names = [n for n in available_backends() if n in AUTO_ORDER]
+        names = [n for n in available_backends() if n in AUTO_ORDER
+                 and (bundle_dir is None or _BACKENDS[n].accepts is None or _BACKENDS[n].accepts(bundle_dir))]
         if not names:
             raise ConfigError("no inference backend is available; install onnxruntime")
         name = names[0]
@@ -85,11 +89,11 @@ def _backend(name: str) -> BackendInfo:
 
 
 def create_decoder(backend: str, bundle_dir: Path, entry: ModelEntry, threads: int | None = None) -> Decoder:
-    return _backend(backend).factory(bundle_dir, entry, threads=threads)
+    return _backend(backend, bundle_dir).factory(bundle_dir, entry, threads=threads)
 
 
 def create_heads(backend: str, bundle_dir: Path, file: str, threads: int | None = None) -> Heads:
-    info = _backend(backend)
+    info = _backend(backend, bundle_dir)
     if info.heads is None:
         raise ConfigError(f"backend {info.name!r} cannot run Medusa heads")
     return info.heads(bundle_dir, file, threads=threads)

@@ -1,4 +1,9 @@
-"""ONNX Runtime backend: one session per model, created once; the KV cache bound in place via IOBinding."""
+"""ONNX Runtime backend: one session per model, created once; the KV cache bound in place via IOBinding.
+
+On the CUDA execution provider the cache lives in device memory (:class:`~specrt.runtime.device.DeviceKVCache`)
+and is bound by device address, so only ids, positions and the mask go up and the logits come down.
+ORT's own CUDA-graph mode is not used: it needs every input shape fixed, and the past grows each step.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import numpy as np
 from ... import contract as C
 from ...errors import BundleError
 from ...manifest import ModelEntry
+from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from ..kvcache import KVCache
 from .base import DecoderOutput, register_backend
 
@@ -58,10 +64,14 @@ class OrtHeads:
 
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
-    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None) -> None:
+    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, *,
+                 memory: DeviceMemory | None = None) -> None:
+        """``memory``: where the KV cache lives; default host arrays on CPU, CUDA memory on the CUDA provider."""
         self.session = _session(Path(bundle_dir) / entry.file, threads)
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
+        self.kv_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+        self.memory = memory if memory is not None or self.kv_device == "cpu" else CudaMemory()
         self.kv_dtype = np.dtype(entry.dtype)
         self.binding = self.session.io_binding()
         self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
@@ -70,8 +80,10 @@ class OrtDecoder:
         self._logits = np.empty((1, 0, entry.dims.vocab_size), np.float32)
         self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
 
-    def new_cache(self, max_context: int) -> KVCache:
-        return KVCache(self.entry.dims, max_context, self.kv_dtype)
+    def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
+        if self.memory is None:
+            return KVCache(self.entry.dims, max_context, self.kv_dtype)
+        return DeviceKVCache(self.entry.dims, max_context, self.kv_dtype, self.memory)
 
     def _outputs(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
         if self._logits.shape[1] < q_len:  # grows to the longest prompt seen, then stays
@@ -83,7 +95,7 @@ class OrtDecoder:
         bind = self.binding.bind_output if output else self.binding.bind_input
         bind(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
-    def forward(self, cache: KVCache, input_ids: np.ndarray, position_ids: np.ndarray,
+    def forward(self, cache: KVCache | DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray) -> DecoderOutput:
         q_len, past = len(input_ids), cache.length
         cache.ensure_room(q_len)
@@ -98,12 +110,12 @@ class OrtDecoder:
         self._bind(C.ATTENTION_MASK, mask)
         # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
         past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
-        offset, dt = past * cache.row_bytes, self.kv_dtype
+        offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
         for (pk, pv, nk, nv), kp, vp in zip(self._kv_names, cache.key_ptrs, cache.value_ptrs):
-            b.bind_input(pk, "cpu", 0, dt, past_shape, kp)
-            b.bind_input(pv, "cpu", 0, dt, past_shape, vp)
-            b.bind_output(nk, "cpu", 0, dt, new_shape, kp + offset)
-            b.bind_output(nv, "cpu", 0, dt, new_shape, vp + offset)
+            b.bind_input(pk, dev, 0, dt, past_shape, kp)
+            b.bind_input(pv, dev, 0, dt, past_shape, vp)
+            b.bind_output(nk, dev, 0, dt, new_shape, kp + offset)
+            b.bind_output(nv, dev, 0, dt, new_shape, vp + offset)
         logits, hidden = self._outputs(q_len)
         self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)

@@ -1,0 +1,206 @@
+"""TensorRT backend: the engines ``specrt build`` wrote, run with the KV cache resident on the GPU.
+
+Each forward binds the past as the first ``length`` rows of the device cache and the engine's new-K/V
+outputs straight into the rows after them, so the cache update costs no copy; the inputs (ids, positions,
+mask: a few KB) go up and only the logits and hidden rows of the Q new tokens come back to the host.
+One execution context per optimization profile (prefill, decode/verify), each set once, so a step never
+switches profiles. Medusa heads run on ONNX Runtime (they read the host-side hidden rows anyway).
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import contract as C
+from ...errors import ConfigError, ContextLengthError, SpecrtError
+from ...manifest import ModelEntry, load_manifest
+from ..device import CudaMemory, DeviceKVCache, DeviceMemory
+from .base import DecoderOutput, register_backend
+from .onnxruntime import OrtHeads
+
+PREFILL, VERIFY = 0, 1  # profile indices, in the order specrt.engines.tensorrt_build.profiles writes them
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """The shape ranges the engine was built for (``specrt build`` options)."""
+
+    max_context: int
+    max_prompt: int
+    max_verify: int
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> EngineLimits:
+        return cls(int(options["max_context"]), int(options["max_prompt"]), int(options["max_verify"]))
+
+    @property
+    def max_q(self) -> int:
+        return max(self.max_prompt, self.max_verify)
+
+    @property
+    def mask_elements(self) -> int:
+        """Largest Q·(P+Q) either profile admits."""
+        return max(self.max_prompt ** 2, self.max_verify * self.max_context)
+
+
+def choose_profile(past: int, q_len: int, limits: EngineLimits) -> int:
+    """Prefill profile for a first chunk (P = 0), decode/verify for the rest; an error names the limit."""
+    if past == 0 and q_len <= limits.max_prompt:
+        return PREFILL
+    if q_len <= limits.max_verify and past <= limits.max_context - limits.max_verify:
+        return VERIFY
+    if past == 0:
+        raise ContextLengthError(f"a {q_len}-token prompt exceeds the engine's max prompt of {limits.max_prompt}; "
+                                 "rebuild with a larger `specrt build --max-prompt`")
+    if q_len > limits.max_verify:
+        raise ContextLengthError(f"{q_len} tokens in one pass exceed the engine's max of {limits.max_verify} "
+                                 "(gamma + 1 or the tree size); rebuild with a larger `specrt build --max-verify`")
+    raise ContextLengthError(f"{past} cached positions exceed the engine's max context "
+                             f"({limits.max_context} - {limits.max_verify}); rebuild with a larger --max-context")
+
+
+def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int], dims: C.ModelDims
+                ) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Name → (shape, device address) for one forward: the past is a prefix of each cache plane and the
+    new K/V land right after it (``ptr + past * row_bytes``); ``io`` holds the fixed I/O buffers."""
+    kv, offset = (dims.num_kv_heads, dims.head_dim), past * cache.row_bytes
+    plan: dict[str, tuple[tuple[int, ...], int]] = {
+        C.INPUT_IDS: ((1, q_len), io[C.INPUT_IDS]),
+        C.POSITION_IDS: ((1, q_len), io[C.POSITION_IDS]),
+        C.ATTENTION_MASK: ((1, 1, q_len, past + q_len), io[C.ATTENTION_MASK]),
+        C.LOGITS: ((1, q_len, dims.vocab_size), io[C.LOGITS]),
+        C.HIDDEN: ((1, q_len, dims.hidden_size), io[C.HIDDEN]),
+    }
+    for i, (kp, vp) in enumerate(zip(cache.key_ptrs, cache.value_ptrs)):
+        plan[C.past_key(i)] = ((1, past, *kv), kp)
+        plan[C.past_value(i)] = ((1, past, *kv), vp)
+        plan[C.new_key(i)] = ((1, q_len, *kv), kp + offset)
+        plan[C.new_value(i)] = ((1, q_len, *kv), vp + offset)
+    return plan
+
+
+def _import_tensorrt():
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError) as e:  # the pip stub without its libraries raises OSError
+        hint = "use JetPack's TensorRT" if platform.machine() == "aarch64" else "pip install 'specrt[trt]'"
+        raise ConfigError(f"TensorRT is not available ({e}); {hint}") from None
+    return trt
+
+
+def _trt_available() -> bool:
+    try:
+        _import_tensorrt()
+        from cuda.bindings import runtime  # noqa: F401
+    except (ConfigError, ImportError):
+        return False
+    return True
+
+
+def _has_engines(bundle_dir: Path) -> bool:
+    try:
+        return bool(load_manifest(Path(bundle_dir)).engines)
+    except Exception:  # auto-selection must not fail on a bundle the chosen backend will report on
+        return False
+
+
+def engine_record(bundle_dir: Path, entry: ModelEntry) -> dict[str, Any]:
+    """The manifest's engine for this model, or an error saying how to build one."""
+    manifest = load_manifest(Path(bundle_dir))
+    role = next((r for r, e in manifest.models.items() if e.file == entry.file), None)
+    record = manifest.engines.get(role or "")
+    if not record:
+        raise ConfigError(f"the bundle has no TensorRT engine for its {role or entry.file}: run "
+                          f"`specrt build --bundle {bundle_dir}` on this machine")
+    return record
+
+
+def check_engine(record: dict[str, Any], trt_version: str, sm: str) -> None:
+    """Engines are tied to the TensorRT version and GPU they were built with; say so instead of crashing."""
+    if record.get("tensorrt") != trt_version or record.get("sm") != sm:
+        raise ConfigError(f"engine {record.get('file')} was built with TensorRT {record.get('tensorrt')} for "
+                          f"sm {record.get('sm')}; this machine has TensorRT {trt_version}, sm {sm}: rerun "
+                          "`specrt build`")
+
+
+@register_backend("tensorrt", _trt_available, heads=OrtHeads, accepts=_has_engines)
+class TrtDecoder:
+    """:class:`~specrt.runtime.backends.base.Decoder` over a TensorRT engine.
+
+    ``contexts`` (one per profile) and ``memory`` are normally made from the bundle; they can be passed
+    in, which is how the bookkeeping is tested on machines without a GPU.
+    """
+
+    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, *,
+                 contexts: Sequence[Any] | None = None, memory: DeviceMemory | None = None,
+                 limits: EngineLimits | None = None) -> None:
+        del threads  # TensorRT runs on the GPU; host threads are not its to set
+        self.entry, self.kv_dtype = entry, np.dtype(entry.dtype)
+        self._trt_objects: list[Any] = []  # runtime and engine outlive the contexts made from them
+        if contexts is None:
+            contexts, memory, limits = self._load(Path(bundle_dir), entry)
+        assert memory is not None and limits is not None
+        self.contexts, self.memory, self.limits = list(contexts), memory, limits
+        self.provider = "TensorRT"
+        d = entry.dims
+        q = limits.max_q
+        self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
+                   C.ATTENTION_MASK: memory.malloc(limits.mask_elements),
+                   C.LOGITS: memory.malloc(q * d.vocab_size * 4),
+                   C.HIDDEN: memory.malloc(q * d.hidden_size * self.kv_dtype.itemsize)}
+        self._logits = np.empty((q, d.vocab_size), np.float32)
+        self._hidden = np.empty((q, d.hidden_size), self.kv_dtype)
+        self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK,
+                        *(C.past_key(i) for i in range(d.num_layers)),
+                        *(C.past_value(i) for i in range(d.num_layers))}
+
+    def _load(self, bundle_dir: Path, entry: ModelEntry):
+        trt = _import_tensorrt()
+        memory = CudaMemory()
+        from cuda.bindings import runtime as cudart
+
+        _, props = cudart.cudaGetDeviceProperties(0)
+        record = engine_record(bundle_dir, entry)
+        check_engine(record, trt.__version__, f"{props.major}.{props.minor}")
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engine = runtime.deserialize_cuda_engine((bundle_dir / record["file"]).read_bytes())
+        if engine is None:
+            raise ConfigError(f"TensorRT could not load {record['file']}: rerun `specrt build`")
+        contexts = []
+        for profile in (PREFILL, VERIFY):
+            ctx = engine.create_execution_context()
+            ctx.set_optimization_profile_async(profile, memory.stream)
+            contexts.append(ctx)
+        self._trt_objects = [runtime, engine]
+        return contexts, memory, EngineLimits.from_options(record["options"])
+
+    def new_cache(self, max_context: int) -> DeviceKVCache:
+        # The engine was built for at most limits.max_context positions; a longer context fails loudly
+        # in choose_profile, naming the build option, rather than here at load time.
+        return DeviceKVCache(self.entry.dims, min(max_context, self.limits.max_context), self.kv_dtype, self.memory)
+
+    def forward(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
+                mask: np.ndarray) -> DecoderOutput:
+        q_len, past = len(input_ids), cache.length
+        cache.ensure_room(q_len)
+        ctx = self.contexts[choose_profile(past, q_len, self.limits)]
+        m = self.memory
+        m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
+        m.to_device(self.io[C.POSITION_IDS], np.ascontiguousarray(position_ids, dtype=np.int64))
+        m.to_device(self.io[C.ATTENTION_MASK], np.ascontiguousarray(mask, dtype=bool))
+        for name, (shape, ptr) in tensor_plan(past, q_len, cache, self.io, self.entry.dims).items():
+            if name in self._inputs:
+                ctx.set_input_shape(name, shape)
+            ctx.set_tensor_address(name, ptr)
+        if not ctx.execute_async_v3(m.stream):
+            raise SpecrtError(f"TensorRT failed to run a forward of {q_len} tokens after {past} (see its log)")
+        logits, hidden = self._logits[:q_len], self._hidden[:q_len]
+        m.to_host(logits, self.io[C.LOGITS])
+        m.to_host(hidden, self.io[C.HIDDEN])
+        m.synchronize()
+        return DecoderOutput(logits=logits, hidden=hidden)

@@ -1,0 +1,208 @@
+"""GPU backends: device KV cache, TensorRT backend, ORT with device-resident caches.
+
+The bookkeeping (profiles, addresses, in-place K/V, compaction copies) runs on every machine through
+host stand-ins for CUDA memory and a TensorRT context (tests/fake_device.py); the tests at the end run
+the real thing and skip, with the reason, where no GPU/TensorRT/onnxruntime-gpu is present.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from fake_device import HostMemory, OrtEngineContext, view
+
+import specrt
+from specrt.errors import ConfigError, ContextLengthError
+from specrt.manifest import load_manifest
+from specrt.runtime.backends import base
+from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads, _session
+from specrt.runtime.backends.tensorrt import (PREFILL, VERIFY, EngineLimits, TrtDecoder, _trt_available,
+                                              check_engine, choose_profile, engine_record, tensor_plan)
+from specrt.runtime.device import DeviceKVCache, compaction_copies
+from specrt.runtime.kvcache import KVCache
+
+PROMPTS = ["def fib(n):", "class Point:\n    def __init__(self"]
+LIMITS = EngineLimits(max_context=256, max_prompt=64, max_verify=16)
+
+
+def test_compaction_copies_group_runs_without_overlap():
+    assert compaction_copies(10, np.array([0, 1, 2])) == []  # already in place
+    assert compaction_copies(10, np.array([0, 1, 2, 5, 6])) == [(15, 13, 2)]
+    # a run of 6 shifted by 2: chunks of 2, so no copy reads what it writes
+    assert compaction_copies(0, np.array([2, 3, 4, 5, 6, 7])) == [(2, 0, 2), (4, 2, 2), (6, 4, 2)]
+    assert compaction_copies(3, np.array([1, 4, 5])) == [(4, 3, 1), (7, 4, 2)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_device_cache_compaction_equals_host_compaction(llama_bundle, seed):
+    dims = load_manifest(llama_bundle).target.dims
+    rng = np.random.default_rng(seed)
+    host, mem = KVCache(dims, 40, np.float32), HostMemory()
+    dev = DeviceKVCache(dims, 40, np.float32, mem)
+    shape = host.keys[0].shape
+    for i in range(dims.num_layers):
+        for arr, ptr in ((host.keys[i], dev.key_ptrs[i]), (host.values[i], dev.value_ptrs[i])):
+            arr[...] = rng.standard_normal(shape)
+            view(ptr, shape, np.float32)[...] = arr
+    start = int(rng.integers(0, 10))
+    nodes = int(rng.integers(1, 20))
+    keep = np.sort(rng.choice(nodes, size=int(rng.integers(1, nodes + 1)), replace=False))
+    host.length = dev.length = start + nodes
+    host.compact(start, keep)
+    dev.compact(start, keep)
+    assert dev.length == host.length == start + keep.size
+    for i in range(dims.num_layers):
+        for arr, ptr in ((host.keys[i], dev.key_ptrs[i]), (host.values[i], dev.value_ptrs[i])):
+            np.testing.assert_array_equal(view(ptr, shape, np.float32)[:, :host.length], arr[:, :host.length])
+
+
+def test_profile_choice_and_its_errors():
+    assert choose_profile(0, 64, LIMITS) == PREFILL
+    assert choose_profile(0, 5, LIMITS) == PREFILL
+    assert choose_profile(30, 5, LIMITS) == VERIFY
+    assert choose_profile(240, 16, LIMITS) == VERIFY
+    with pytest.raises(ContextLengthError, match="max prompt of 64"):
+        choose_profile(0, 65, LIMITS)
+    with pytest.raises(ContextLengthError, match="--max-verify"):
+        choose_profile(30, 17, LIMITS)
+    with pytest.raises(ContextLengthError, match="max context"):
+        choose_profile(241, 4, LIMITS)
+
+
+def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
+    dims = load_manifest(llama_bundle).target.dims
+    cache = DeviceKVCache(dims, 32, np.float16, HostMemory())
+    io = {name: 1000 * (i + 1) for i, name in enumerate(["input_ids", "position_ids", "attention_mask", "logits",
+                                                           "hidden"])}
+    plan = tensor_plan(7, 3, cache, io, dims)
+    assert plan["attention_mask"] == ((1, 1, 3, 10), io["attention_mask"])
+    assert plan["logits"] == ((1, 3, dims.vocab_size), io["logits"])
+    kv = (dims.num_kv_heads, dims.head_dim)
+    for i in range(dims.num_layers):
+        assert plan[f"past_key.{i}"] == ((1, 7, *kv), cache.key_ptrs[i])
+        assert plan[f"new_key.{i}"] == ((1, 3, *kv), cache.key_ptrs[i] + 7 * cache.row_bytes)
+        assert plan[f"new_value.{i}"] == ((1, 3, *kv), cache.value_ptrs[i] + 7 * cache.row_bytes)
+    # every plane is its own region of one allocation: keys and values never alias
+    starts = sorted([*cache.key_ptrs, *cache.value_ptrs])
+    assert all(b - a == cache.plane_bytes for a, b in zip(starts, starts[1:]))
+
+
+def _fake_trt(bundle_dir, entry, threads=None):
+    session = _session(bundle_dir / entry.file, 1)
+    return TrtDecoder(bundle_dir, entry, contexts=[OrtEngineContext(session), OrtEngineContext(session)],
+                      memory=HostMemory(), limits=LIMITS)
+
+
+def _ort_on_device_memory(bundle_dir, entry, threads=None):
+    return OrtDecoder(bundle_dir, entry, threads=1, memory=HostMemory())
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    monkeypatch.setitem(base._BACKENDS, "fake-trt", base.BackendInfo("fake-trt", lambda: True, _fake_trt, OrtHeads))
+    monkeypatch.setitem(base._BACKENDS, "ort-device", base.BackendInfo("ort-device", lambda: True,
+                                                                       _ort_on_device_memory, OrtHeads))
+
+
+@pytest.mark.parametrize("backend", ["fake-trt", "ort-device"])
+def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backends, backend):
+    """Prefill, chains that are accepted, cut and rolled back, and trees with compaction, through the
+    device-cache path: the same greedy tokens as the host ONNX Runtime backend."""
+    reference = specrt.load(close_bundle, threads=1)
+    gen = specrt.load(close_bundle, backend=backend)
+    for prompt in PROMPTS:
+        for method, extra in (("none", {}), ("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):
+            want = reference.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids
+            assert gen.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids == want, (prompt, method)
+    if backend == "fake-trt":
+        prefill, verify = gen._models["target"].decoder.contexts
+        assert prefill.runs == len(PROMPTS) * 3 and verify.runs > prefill.runs  # one prefill per generation
+
+
+def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):
+    entry = load_manifest(close_bundle).target
+    with pytest.raises(ConfigError, match="specrt build --bundle"):
+        engine_record(close_bundle, entry)
+    info = base._BACKENDS["tensorrt"]
+    monkeypatch.setitem(base._BACKENDS, "tensorrt", base.BackendInfo("tensorrt", lambda: True, info.factory,
+                                                                     info.heads, info.accepts))
+    assert base._backend("auto", close_bundle).name == "onnxruntime"
+    built = tmp_path / "bundle"
+    shutil.copytree(close_bundle, built)
+    manifest = json.loads((built / "specrt.json").read_text())
+    manifest["engines"] = {"target": {"file": "engines/target-x.engine", "key": "x", "tensorrt": "10.9", "sm": "9.0",
+                                      "options": {"max_context": 256, "max_prompt": 64, "max_verify": 16}}}
+    (built / "specrt.json").write_text(json.dumps(manifest))
+    assert base._backend("auto", built).name == "tensorrt"
+    record = engine_record(built, entry)
+    check_engine(record, "10.9", "9.0")
+    with pytest.raises(ConfigError, match="rerun `specrt build`"):
+        check_engine(record, "10.13", "9.0")
+    with pytest.raises(ConfigError, match="no TensorRT engine for its draft"):
+        engine_record(built, load_manifest(built).draft)
+
+
+def _cuda_devices() -> int:
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        return 0
+    err, count = cudart.cudaGetDeviceCount()
+    return count if int(err) == 0 else 0
+
+
+@pytest.mark.skipif(_cuda_devices() == 0, reason="needs cuda-python and a GPU")
+def test_cuda_memory_cache_compaction_on_the_gpu(llama_bundle):
+    """The real cudaMemcpy2DAsync path of DeviceKVCache against the host cache."""
+    from specrt.runtime.device import CudaMemory
+
+    dims = load_manifest(llama_bundle).target.dims
+    mem = CudaMemory()
+    host, dev = KVCache(dims, 64, np.float16), DeviceKVCache(dims, 64, np.float16, mem)
+    rng = np.random.default_rng(0)
+    for arrays, ptrs in ((host.keys, dev.key_ptrs), (host.values, dev.value_ptrs)):
+        for arr, ptr in zip(arrays, ptrs):
+            arr[...] = rng.standard_normal(arr.shape)
+            mem.to_device(ptr, arr)
+    host.length = dev.length = 30
+    keep = np.array([0, 2, 3, 4, 5, 6, 9])
+    host.compact(20, keep)
+    dev.compact(20, keep)
+    for arrays, ptrs in ((host.keys, dev.key_ptrs), (host.values, dev.value_ptrs)):
+        for arr, ptr in zip(arrays, ptrs):
+            back = np.empty_like(arr)
+            mem.to_host(back, ptr)
+            mem.synchronize()
+            np.testing.assert_array_equal(back[:, :host.length], arr[:, :host.length])
+
+
+@pytest.mark.skipif(not _trt_available() or _cuda_devices() == 0, reason="needs TensorRT, cuda-python and a GPU")
+def test_tensorrt_engines_give_the_tokens_of_onnxruntime(close_bundle, tmp_path):
+    from specrt.engines.tensorrt_build import BuildOptions, build_bundle_engines
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(close_bundle, bundle)
+    build_bundle_engines(bundle, BuildOptions(precision="fp16", max_context=256, max_prompt=64, max_verify=16))
+    reference, gen = specrt.load(close_bundle, threads=1), specrt.load(bundle, backend="tensorrt")
+    for prompt in PROMPTS:  # fp16 engines vs fp32 ORT: compare the first tokens, where ties are unlikely
+        want = reference.generate(prompt, max_new_tokens=8, method="none").token_ids
+        assert gen.generate(prompt, max_new_tokens=8, method="draft", gamma=4).token_ids == want
+
+
+def _ort_has_cuda() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers() and _cuda_devices() > 0
+
+
+@pytest.mark.skipif(not _ort_has_cuda(), reason="needs onnxruntime-gpu, cuda-python and a GPU")
+def test_onnxruntime_cuda_keeps_the_cache_on_the_device(close_bundle):
+    gen = specrt.load(close_bundle)
+    model = gen._models["target"]
+    assert model.decoder.provider == "CUDAExecutionProvider" and isinstance(model.cache, DeviceKVCache)
+    want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids
+    for method, extra in (("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):  # rollback and compaction
+        assert gen.generate(PROMPTS[0], max_new_tokens=16, method=method, **extra).token_ids == want
