@@ -55,6 +55,12 @@ class HostMemory:
     def synchronize(self) -> None:
         pass
 
+    def capture(self, work):
+        return work  # like stream capture: recorded, not run; replay runs it with the same bindings
+
+    def replay(self, graph) -> None:
+        graph()
+
 
 class OrtEngineContext:
     """Duck-types the parts of ``tensorrt.IExecutionContext`` the TensorRT backend calls."""

@@ -90,36 +90,51 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
     assert all(b - a == cache.plane_bytes for a, b in zip(starts, starts[1:]))
 
 
-def _fake_trt(bundle_dir, entry, threads=None):
-    session = _session(bundle_dir / entry.file, 1)
-    return TrtDecoder(bundle_dir, entry, contexts=[OrtEngineContext(session), OrtEngineContext(session)],
-                      memory=HostMemory(), limits=LIMITS)
+def _fake_trt(**options):
+    def factory(bundle_dir, entry, threads=None):
+        session = _session(bundle_dir / entry.file, 1)
+        return TrtDecoder(bundle_dir, entry, context_factory=lambda profile: OrtEngineContext(session),
+                          memory=HostMemory(), limits=LIMITS, **options)
+
+    return factory
 
 
 def _ort_on_device_memory(bundle_dir, entry, threads=None):
     return OrtDecoder(bundle_dir, entry, threads=1, memory=HostMemory())
 
 
+DEVICE_BACKENDS = {"trt-graphs": _fake_trt(), "trt-eager": _fake_trt(graphs=False),
+                   "trt-small-buckets": _fake_trt(buckets=(1, 2, 4)), "ort-device": _ort_on_device_memory}
+
+
 @pytest.fixture
 def fake_backends(monkeypatch):
-    monkeypatch.setitem(base._BACKENDS, "fake-trt", base.BackendInfo("fake-trt", lambda: True, _fake_trt, OrtHeads))
-    monkeypatch.setitem(base._BACKENDS, "ort-device", base.BackendInfo("ort-device", lambda: True,
-                                                                       _ort_on_device_memory, OrtHeads))
+    for name, factory in DEVICE_BACKENDS.items():
+        monkeypatch.setitem(base._BACKENDS, name, base.BackendInfo(name, lambda: True, factory, OrtHeads))
 
 
-@pytest.mark.parametrize("backend", ["fake-trt", "ort-device"])
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
 def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backends, backend):
     """Prefill, chains that are accepted, cut and rolled back, and trees with compaction, through the
-    device-cache path: the same greedy tokens as the host ONNX Runtime backend."""
+    device-cache path (eager, graph replay, or graphs with a fallback for trees wider than every
+    bucket): the same greedy tokens as the host ONNX Runtime backend."""
     reference = specrt.load(close_bundle, threads=1)
     gen = specrt.load(close_bundle, backend=backend)
     for prompt in PROMPTS:
         for method, extra in (("none", {}), ("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):
             want = reference.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids
             assert gen.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids == want, (prompt, method)
-    if backend == "fake-trt":
-        prefill, verify = gen._models["target"].decoder.contexts
-        assert prefill.runs == len(PROMPTS) * 3 and verify.runs > prefill.runs  # one prefill per generation
+    if backend.startswith("trt"):
+        decoder = gen._models["target"].decoder
+        prefill, verify = decoder.contexts
+        assert prefill.runs == len(PROMPTS) * 3  # one prefill per generation
+        widths = {g.bucket for g in decoder.graphs.values()}
+        if backend == "trt-graphs":  # decode (1), chains of 5 (bucket 8), trees of 11 (bucket 16): all replayed
+            assert {1, 8, 16} <= widths and verify.runs == 0
+        elif backend == "trt-small-buckets":  # trees and chains leave the buckets and run eagerly
+            assert 1 in widths and widths <= {1, 2, 4} and verify.runs > 0
+        else:
+            assert not decoder.graphs and verify.runs > 0
 
 
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):

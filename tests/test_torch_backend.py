@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.engines.buckets import choose_bucket, pad_to, static_mask
+from specrt.runtime.buckets import choose_bucket, pad_to, static_mask
 from specrt.engines.torch_backend import TorchDecoder, static_step
 from specrt.errors import ConfigError
 from specrt.manifest import load_manifest

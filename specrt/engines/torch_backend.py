@@ -17,7 +17,7 @@ from ..errors import BundleError
 from ..manifest import ModelEntry
 from ..runtime.backends.base import DecoderOutput
 from ..runtime.kvcache import CacheLength
-from .buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
+from ..runtime.buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 
 
 class TorchKVCache(CacheLength):

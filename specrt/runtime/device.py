@@ -9,7 +9,7 @@ compaction to a few calls whatever the depth of the model.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -39,6 +39,11 @@ class DeviceMemory(Protocol):
         """Device to device: ``height`` rows of ``width`` bytes, rows ``*_pitch`` bytes apart."""
 
     def synchronize(self) -> None: ...
+
+    def capture(self, work: Callable[[], object]) -> object:
+        """Record what ``work`` enqueues on the stream as a CUDA graph (not running it); return it."""
+
+    def replay(self, graph: object) -> None: ...
 
 
 class CudaMemory:
@@ -84,6 +89,19 @@ class CudaMemory:
 
     def synchronize(self) -> None:
         self._check(self._rt.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def capture(self, work: Callable[[], object]) -> object:
+        rt = self._rt
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        self._check(rt.cudaStreamBeginCapture(self.stream, mode), "cudaStreamBeginCapture")
+        try:
+            work()
+        finally:  # always end the capture, or the stream stays unusable
+            graph = self._check(rt.cudaStreamEndCapture(self.stream), "cudaStreamEndCapture")
+        return self._check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+
+    def replay(self, graph: object) -> None:
+        self._check(self._rt.cudaGraphLaunch(graph, self.stream), "cudaGraphLaunch")
 
     def __del__(self) -> None:  # the process may be exiting: never raise from here
         rt = getattr(self, "_rt", None)

@@ -4,7 +4,8 @@ Each forward binds the past as the first ``length`` rows of the device cache and
 outputs straight into the rows after them, so the cache update costs no copy; the inputs (ids, positions,
 mask: a few KB) go up and only the logits and hidden rows of the Q new tokens come back to the host.
 One execution context per optimization profile (prefill, decode/verify), each set once, so a step never
-switches profiles. Medusa heads run on ONNX Runtime (they read the host-side hidden rows anyway).
+switches profiles; verify passes replay CUDA graphs captured per bucket width (see :class:`_Graph`).
+Medusa heads run on ONNX Runtime (they read the host-side hidden rows anyway).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from ... import contract as C
 from ...errors import ConfigError, ContextLengthError, SpecrtError
 from ...manifest import ModelEntry, load_manifest
+from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from .base import DecoderOutput, register_backend
 from .onnxruntime import OrtHeads
@@ -128,27 +130,81 @@ def check_engine(record: dict[str, Any], trt_version: str, sm: str) -> None:
                           "`specrt build`")
 
 
+class _Graph:
+    """The verify step of one bucket width captured as a CUDA graph, on its own execution context.
+
+    Shapes and addresses are static: the past is the first ``rows`` rows of every cache plane (a mask
+    hides what is not valid yet), the new K/V go to a scratch block laid out like the cache's planes,
+    and after each replay ONE strided copy moves the Q real rows into the cache at its current length.
+    Writing to scratch is what makes capture safe: warm-up and capture never touch valid cache rows.
+    """
+
+    def __init__(self, decoder: TrtDecoder, cache: DeviceKVCache, bucket: int, rows: int) -> None:
+        d, m = decoder.entry.dims, decoder.memory
+        self.bucket, self.rows, self.cache = bucket, rows, cache
+        self.ctx = decoder.context_factory(VERIFY)
+        rb = cache.row_bytes
+        self.scratch = m.malloc(cache.planes * bucket * rb)
+        self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
+                   C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)),
+                   C.LOGITS: m.malloc(bucket * d.vocab_size * 4),
+                   C.HIDDEN: m.malloc(bucket * d.hidden_size * decoder.kv_dtype.itemsize)}
+        kv = (d.num_kv_heads, d.head_dim)
+        plan = tensor_plan(0, bucket, cache, self.io, d)  # ids, positions, logits, hidden, new K/V shapes
+        plan[C.ATTENTION_MASK] = ((1, 1, bucket, rows + bucket), self.io[C.ATTENTION_MASK])
+        for i, (kp, vp) in enumerate(zip(cache.key_ptrs, cache.value_ptrs)):
+            plan[C.past_key(i)] = ((1, rows, *kv), kp)
+            plan[C.past_value(i)] = ((1, rows, *kv), vp)
+            plan[C.new_key(i)] = ((1, bucket, *kv), self.scratch + 2 * i * bucket * rb)
+            plan[C.new_value(i)] = ((1, bucket, *kv), self.scratch + (2 * i + 1) * bucket * rb)
+        decoder.bind(self.ctx, plan)
+        m.memset(self.io[C.ATTENTION_MASK], 1, bucket * (rows + bucket))  # a defined warm-up input
+        m.memset(self.io[C.INPUT_IDS], 0, bucket * 8)
+        m.memset(self.io[C.POSITION_IDS], 0, bucket * 8)
+        decoder.execute(self.ctx)  # TensorRT wants one run before capture (deferred allocations)
+        self.graph = m.capture(lambda: decoder.execute(self.ctx))
+
+    def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
+            logits: np.ndarray, hidden: np.ndarray) -> None:
+        m, cache, b = decoder.memory, self.cache, self.bucket
+        q_len, past = len(input_ids), cache.length
+        m.to_device(self.io[C.INPUT_IDS], pad_to(np.asarray(input_ids, np.int64), b))
+        m.to_device(self.io[C.POSITION_IDS], pad_to(np.asarray(position_ids, np.int64), b, fill=past))
+        m.to_device(self.io[C.ATTENTION_MASK], static_mask(np.asarray(mask, bool), past, self.rows, b))
+        m.replay(self.graph)
+        rb = cache.row_bytes
+        m.copy_2d(cache.base + past * rb, cache.plane_bytes, self.scratch, b * rb, q_len * rb, cache.planes)
+        m.to_host(logits, self.io[C.LOGITS])
+        m.to_host(hidden, self.io[C.HIDDEN])
+
+
 @register_backend("tensorrt", _trt_available, heads=OrtHeads, accepts=_has_engines)
 class TrtDecoder:
     """:class:`~specrt.runtime.backends.base.Decoder` over a TensorRT engine.
 
-    ``contexts`` (one per profile) and ``memory`` are normally made from the bundle; they can be passed
-    in, which is how the bookkeeping is tested on machines without a GPU.
+    Prefill and any pass wider than the largest bucket run eagerly on a context per profile, with the
+    past and new K/V bound in place; verify passes that fit a bucket replay a captured CUDA graph
+    (:class:`_Graph`, captured on first use per cache and bucket). ``context_factory`` (profile →
+    execution context) and ``memory`` are normally made from the bundle; passing them in is how the
+    bookkeeping is tested on machines without a GPU.
     """
 
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, *,
-                 contexts: Sequence[Any] | None = None, memory: DeviceMemory | None = None,
-                 limits: EngineLimits | None = None) -> None:
+                 context_factory: Callable[[int], Any] | None = None, memory: DeviceMemory | None = None,
+                 limits: EngineLimits | None = None, graphs: bool = True,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         del threads  # TensorRT runs on the GPU; host threads are not its to set
         self.entry, self.kv_dtype = entry, np.dtype(entry.dtype)
         self._trt_objects: list[Any] = []  # runtime and engine outlive the contexts made from them
-        if contexts is None:
-            contexts, memory, limits = self._load(Path(bundle_dir), entry)
+        if context_factory is None:
+            context_factory, memory, limits = self._load(Path(bundle_dir), entry)
         assert memory is not None and limits is not None
-        self.contexts, self.memory, self.limits = list(contexts), memory, limits
+        self.context_factory, self.memory, self.limits = context_factory, memory, limits
+        self.contexts = [context_factory(PREFILL), context_factory(VERIFY)]
         self.provider = "TensorRT"
-        d = entry.dims
-        q = limits.max_q
+        self.buckets = tuple(b for b in buckets if b <= limits.max_verify) if graphs else ()
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}  # (cache base, cache rows, bucket) → graph
+        d, q = entry.dims, limits.max_q
         self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
                    C.ATTENTION_MASK: memory.malloc(limits.mask_elements),
                    C.LOGITS: memory.malloc(q * d.vocab_size * 4),
@@ -171,36 +227,62 @@ class TrtDecoder:
         engine = runtime.deserialize_cuda_engine((bundle_dir / record["file"]).read_bytes())
         if engine is None:
             raise ConfigError(f"TensorRT could not load {record['file']}: rerun `specrt build`")
-        contexts = []
-        for profile in (PREFILL, VERIFY):
+        self._trt_objects = [runtime, engine]
+
+        def context(profile: int):
             ctx = engine.create_execution_context()
             ctx.set_optimization_profile_async(profile, memory.stream)
-            contexts.append(ctx)
-        self._trt_objects = [runtime, engine]
-        return contexts, memory, EngineLimits.from_options(record["options"])
+            return ctx
+
+        return context, memory, EngineLimits.from_options(record["options"])
 
     def new_cache(self, max_context: int) -> DeviceKVCache:
         # The engine was built for at most limits.max_context positions; a longer context fails loudly
         # in choose_profile, naming the build option, rather than here at load time.
         return DeviceKVCache(self.entry.dims, min(max_context, self.limits.max_context), self.kv_dtype, self.memory)
 
+    def bind(self, ctx: Any, plan: dict[str, tuple[tuple[int, ...], int]]) -> None:
+        for name, (shape, ptr) in plan.items():
+            if name in self._inputs:
+                ctx.set_input_shape(name, shape)
+            ctx.set_tensor_address(name, ptr)
+
+    def execute(self, ctx: Any) -> None:
+        if not ctx.execute_async_v3(self.memory.stream):
+            raise SpecrtError("TensorRT failed to run a forward pass (see its log above)")
+
+    def _graph_for(self, cache: DeviceKVCache, q_len: int) -> _Graph | None:
+        """The captured step for this width, or None (eager) when no bucket fits or the past is too long."""
+        bucket = choose_bucket(q_len, self.buckets) if self.buckets and cache.length else None
+        rows = min(cache.max_context, self.limits.max_context - self.limits.max_verify)
+        if bucket is None or cache.length > rows:
+            return None
+        key = (cache.base, cache.max_context, bucket)
+        if key not in self.graphs:
+            self.graphs[key] = _Graph(self, cache, bucket, rows)
+        return self.graphs[key]
+
     def forward(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray) -> DecoderOutput:
         q_len, past = len(input_ids), cache.length
         cache.ensure_room(q_len)
+        logits, hidden = self._logits[:q_len], self._hidden[:q_len]
+        graph = self._graph_for(cache, q_len)
+        if graph is not None:
+            graph.run(self, input_ids, position_ids, mask, logits, hidden)
+        else:
+            self._eager(cache, input_ids, position_ids, mask, logits, hidden)
+        self.memory.synchronize()
+        return DecoderOutput(logits=logits, hidden=hidden)
+
+    def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
+               logits: np.ndarray, hidden: np.ndarray) -> None:
+        q_len, past, m = len(input_ids), cache.length, self.memory
         ctx = self.contexts[choose_profile(past, q_len, self.limits)]
-        m = self.memory
         m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
         m.to_device(self.io[C.POSITION_IDS], np.ascontiguousarray(position_ids, dtype=np.int64))
         m.to_device(self.io[C.ATTENTION_MASK], np.ascontiguousarray(mask, dtype=bool))
-        for name, (shape, ptr) in tensor_plan(past, q_len, cache, self.io, self.entry.dims).items():
-            if name in self._inputs:
-                ctx.set_input_shape(name, shape)
-            ctx.set_tensor_address(name, ptr)
-        if not ctx.execute_async_v3(m.stream):
-            raise SpecrtError(f"TensorRT failed to run a forward of {q_len} tokens after {past} (see its log)")
-        logits, hidden = self._logits[:q_len], self._hidden[:q_len]
+        self.bind(ctx, tensor_plan(past, q_len, cache, self.io, self.entry.dims))
+        self.execute(ctx)
         m.to_host(logits, self.io[C.LOGITS])
         m.to_host(hidden, self.io[C.HIDDEN])
-        m.synchronize()
-        return DecoderOutput(logits=logits, hidden=hidden)
