@@ -431,8 +431,11 @@ def build(bundle: str | None, precision: str, max_context: int | None, max_promp
         opts = jetson_defaults(free_mb, opts)
     from rich.console import Console
 
-    with Console(stderr=True).status("building TensorRT engines…"):
-        engines = build_bundle_engines(bundle_dir, opts)
+    with Console(stderr=True).status("building TensorRT engines…") as status:
+        def progress(role: str, cached: bool) -> None:
+            status.update(f"{role}: {'reusing the cached engine' if cached else 'building (minutes on large models)'}…")
+
+        engines = build_bundle_engines(bundle_dir, opts, progress)
     for role, e in engines.items():
         click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {opts.precision})")
 

@@ -12,15 +12,15 @@ import shutil
 
 import numpy as np
 import pytest
-from fake_device import HostMemory, OrtEngineContext, view
+from fake_device import ORT_TYPES, HostMemory, OrtEngineContext, view
 
 import specrt
 from specrt.errors import ConfigError, ContextLengthError
 from specrt.manifest import load_manifest
 from specrt.runtime.backends import base
 from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads, _session
-from specrt.runtime.backends.tensorrt import (PREFILL, VERIFY, EngineLimits, TrtDecoder, _trt_available,
-                                              check_engine, choose_profile, engine_record, tensor_plan)
+from specrt.runtime.backends.tensorrt import (PREFILL, VERIFY, EngineLimits, TrtDecoder, TrtHeads, _trt_available,
+                                              check_engine, choose_profile, engine_record, role_of, tensor_plan)
 from specrt.runtime.device import DeviceKVCache, compaction_copies
 from specrt.runtime.kvcache import KVCache
 
@@ -138,9 +138,8 @@ def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backe
 
 
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):
-    entry = load_manifest(close_bundle).target
     with pytest.raises(ConfigError, match="specrt build --bundle"):
-        engine_record(close_bundle, entry)
+        engine_record(close_bundle, role_of(close_bundle, load_manifest(close_bundle).target))
     info = base._BACKENDS["tensorrt"]
     monkeypatch.setitem(base._BACKENDS, "tensorrt", base.BackendInfo("tensorrt", lambda: True, info.factory,
                                                                      info.heads, info.accepts))
@@ -152,12 +151,32 @@ def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp
                                       "options": {"max_context": 256, "max_prompt": 64, "max_verify": 16}}}
     (built / "specrt.json").write_text(json.dumps(manifest))
     assert base._backend("auto", built).name == "tensorrt"
-    record = engine_record(built, entry)
+    record = engine_record(built, "target")
     check_engine(record, "10.9", "9.0")
     with pytest.raises(ConfigError, match="rerun `specrt build`"):
         check_engine(record, "10.13", "9.0")
+    assert role_of(built, load_manifest(built).draft) == "draft"
     with pytest.raises(ConfigError, match="no TensorRT engine for its draft"):
-        engine_record(built, load_manifest(built).draft)
+        engine_record(built, "draft")
+
+
+def test_tensorrt_medusa_heads_return_what_onnxruntime_returns(medusa_bundle):
+    file = load_manifest(medusa_bundle).medusa.file
+    session = _session(medusa_bundle / file, 1)
+    dtypes = {x.name: np.dtype(ORT_TYPES[x.type]) for x in [*session.get_inputs(), *session.get_outputs()]}
+    heads = TrtHeads(medusa_bundle, file, context=OrtEngineContext(session), memory=HostMemory(), dtypes=dtypes,
+                     max_rows=8)
+    reference = OrtHeads(medusa_bundle, file, threads=1)
+    hidden = np.random.default_rng(0).standard_normal((1, 3, heads_hidden(medusa_bundle))).astype(np.float32)
+    (ids, lp), (ref_ids, ref_lp) = heads(hidden), reference(hidden)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(lp, ref_lp, rtol=0, atol=1e-6)
+    with pytest.raises(ContextLengthError, match="max of 8"):
+        heads(np.zeros((1, 9, hidden.shape[2]), np.float32))
+
+
+def heads_hidden(bundle) -> int:
+    return load_manifest(bundle).target.dims.hidden_size
 
 
 def _cuda_devices() -> int:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from specrt.cli import main
 from specrt.contract import ModelDims
-from specrt.engines.tensorrt_build import BuildOptions, engine_key, jetson_defaults, profiles
+from specrt.engines.tensorrt_build import BuildOptions, engine_key, heads_profiles, jetson_defaults, profiles
 from specrt.errors import ConfigError
 from specrt.manifest import ModelEntry
 
@@ -83,3 +83,8 @@ def test_build_engines_and_cache(llama_bundle, tmp_path):
     assert (bundle / first["target"]["file"]).stat().st_size > 0
     assert load_manifest(bundle).engines["target"]["key"] == first["target"]["key"]
     assert build_bundle_engines(bundle, opts) == first  # cached: same key, same file
+
+
+def test_heads_profile_covers_one_verify_pass():
+    (profile,) = heads_profiles(64, BuildOptions(max_verify=24))
+    assert profile == {"hidden": ((1, 1, 64), (1, 8, 64), (1, 24, 64))}

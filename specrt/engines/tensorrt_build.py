@@ -11,6 +11,7 @@ import json
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..contract import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from ..errors import ConfigError, SpecrtError
@@ -68,6 +69,12 @@ def profiles(entry: ModelEntry, opts: BuildOptions) -> list[dict[str, tuple[tupl
     return [prefill, verify]
 
 
+def heads_profiles(hidden_size: int, opts: BuildOptions) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
+    """Medusa heads read the hidden rows of one verify pass: Q up to max_verify."""
+    b, q = opts.max_batch, opts.max_verify
+    return [{"hidden": ((b, 1, hidden_size), (b, min(8, q), hidden_size), (b, q, hidden_size))}]
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -112,9 +119,9 @@ def require_tensorrt():
     return trt
 
 
-def build_engine(onnx_path: Path, engine_path: Path, entry: ModelEntry, opts: BuildOptions,
+def build_engine(onnx_path: Path, engine_path: Path, shapes: list[dict], opts: BuildOptions,
                  timing_cache: Path | None = None) -> None:
-    """Parse the ONNX graph and write a serialized engine with both optimization profiles."""
+    """Parse the ONNX graph and write a serialized engine with the given optimization profiles."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -126,9 +133,9 @@ def build_engine(onnx_path: Path, engine_path: Path, entry: ModelEntry, opts: Bu
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mb << 20)
     config.set_flag({"fp16": trt.BuilderFlag.FP16, "bf16": trt.BuilderFlag.BF16}[opts.precision])
-    for shapes in profiles(entry, opts):
+    for profile_shapes in shapes:
         profile = builder.create_optimization_profile()
-        for name, (lo, mid, hi) in shapes.items():
+        for name, (lo, mid, hi) in profile_shapes.items():
             profile.set_shape(name, lo, mid, hi)
         config.add_optimization_profile(profile)
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
@@ -142,8 +149,10 @@ def build_engine(onnx_path: Path, engine_path: Path, entry: ModelEntry, opts: Bu
         timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
 
 
-def build_bundle_engines(bundle: Path, opts: BuildOptions) -> dict:
-    """Build (or reuse from the cache) an engine per model and record them in the manifest."""
+def build_bundle_engines(bundle: Path, opts: BuildOptions,
+                         progress: Callable[[str, bool], None] | None = None) -> dict:
+    """Build (or reuse from the cache) an engine per model and for the Medusa heads, and record them in
+    the manifest. ``progress(role, cached)`` is told before each engine."""
     from dataclasses import replace
 
     from ..manifest import load_manifest
@@ -158,13 +167,17 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions) -> dict:
         raise ConfigError(f"--max-context {opts.max_context} exceeds the bundle's {manifest.max_context}")
     cache_dir = bundle / "engines"
     cache_dir.mkdir(exist_ok=True)
+    graphs = {role: (entry.file, profiles(entry, opts)) for role, entry in manifest.models.items()}
+    if manifest.medusa is not None:
+        graphs["medusa"] = (manifest.medusa.file, heads_profiles(manifest.target.dims.hidden_size, opts))
     out = {}
-    for role, entry in manifest.models.items():
-        shapes = profiles(entry, opts)
-        key = engine_key(file_sha256(bundle / entry.file), trt.__version__, sm, opts, shapes)
+    for role, (file, shapes) in graphs.items():
+        key = engine_key(file_sha256(bundle / file), trt.__version__, sm, opts, shapes)
         path = cache_dir / f"{role}-{key}.engine"
+        if progress:
+            progress(role, path.is_file())
         if not path.is_file():
-            build_engine(bundle / entry.file, path, entry, opts, cache_dir / "timing.cache")
+            build_engine(bundle / file, path, shapes, opts, cache_dir / "timing.cache")
         out[role] = {"file": str(path.relative_to(bundle)), "key": key, "tensorrt": trt.__version__, "sm": sm,
                      "options": asdict(opts)}
     replace(manifest, engines=out).write(bundle)

@@ -5,7 +5,7 @@ outputs straight into the rows after them, so the cache update costs no copy; th
 mask: a few KB) go up and only the logits and hidden rows of the Q new tokens come back to the host.
 One execution context per optimization profile (prefill, decode/verify), each set once, so a step never
 switches profiles; verify passes replay CUDA graphs captured per bucket width (see :class:`_Graph`).
-Medusa heads run on ONNX Runtime (they read the host-side hidden rows anyway).
+Medusa heads run on their own engine when ``specrt build`` made one, else on ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -111,13 +111,16 @@ def _has_engines(bundle_dir: Path) -> bool:
         return False
 
 
-def engine_record(bundle_dir: Path, entry: ModelEntry) -> dict[str, Any]:
-    """The manifest's engine for this model, or an error saying how to build one."""
+def role_of(bundle_dir: Path, entry: ModelEntry) -> str:
     manifest = load_manifest(Path(bundle_dir))
-    role = next((r for r, e in manifest.models.items() if e.file == entry.file), None)
-    record = manifest.engines.get(role or "")
+    return next((r for r, e in manifest.models.items() if e.file == entry.file), entry.file)
+
+
+def engine_record(bundle_dir: Path, role: str) -> dict[str, Any]:
+    """The manifest's engine for ``role`` (target, draft, medusa), or an error saying how to build one."""
+    record = load_manifest(Path(bundle_dir)).engines.get(role)
     if not record:
-        raise ConfigError(f"the bundle has no TensorRT engine for its {role or entry.file}: run "
+        raise ConfigError(f"the bundle has no TensorRT engine for its {role}: run "
                           f"`specrt build --bundle {bundle_dir}` on this machine")
     return record
 
@@ -128,6 +131,87 @@ def check_engine(record: dict[str, Any], trt_version: str, sm: str) -> None:
         raise ConfigError(f"engine {record.get('file')} was built with TensorRT {record.get('tensorrt')} for "
                           f"sm {record.get('sm')}; this machine has TensorRT {trt_version}, sm {sm}: rerun "
                           "`specrt build`")
+
+
+@dataclass
+class OpenEngine:
+    """A deserialized engine with what must outlive its contexts, and a context maker per profile."""
+
+    engine: Any
+    runtime: Any
+    memory: CudaMemory
+    record: dict[str, Any]
+
+    def context(self, profile: int) -> Any:
+        ctx = self.engine.create_execution_context()
+        ctx.set_optimization_profile_async(profile, self.memory.stream)
+        return ctx
+
+
+def open_engine(bundle_dir: Path, role: str) -> OpenEngine:
+    trt = _import_tensorrt()
+    memory = CudaMemory()
+    from cuda.bindings import runtime as cudart
+
+    _, props = cudart.cudaGetDeviceProperties(0)
+    record = engine_record(bundle_dir, role)
+    check_engine(record, trt.__version__, f"{props.major}.{props.minor}")
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine((Path(bundle_dir) / record["file"]).read_bytes())
+    if engine is None:
+        raise ConfigError(f"TensorRT could not load {record['file']}: rerun `specrt build`")
+    return OpenEngine(engine, runtime, memory, record)
+
+
+class TrtHeads:
+    """Medusa heads on their TensorRT engine: hidden rows go up, top-k ids and log-probs come back."""
+
+    def __init__(self, bundle_dir: Path, file: str, threads: int | None = None, *, context: Any = None,
+                 memory: DeviceMemory | None = None, dtypes: dict[str, np.dtype] | None = None,
+                 max_rows: int | None = None) -> None:
+        del file, threads
+        medusa = load_manifest(Path(bundle_dir)).medusa
+        assert medusa is not None
+        self._engine: OpenEngine | None = None
+        if context is None:
+            self._engine = opened = open_engine(Path(bundle_dir), "medusa")
+            trt = _import_tensorrt()
+            context, memory = opened.context(0), opened.memory
+            dtypes = {n: np.dtype(trt.nptype(opened.engine.get_tensor_dtype(n))) for n in ("hidden", "ids", "logprobs")}
+            max_rows = int(opened.record["options"]["max_verify"])
+        assert memory is not None and dtypes is not None and max_rows is not None
+        self.context, self.memory, self.dtypes, self.max_rows = context, memory, dtypes, max_rows
+        self.out_shape = (medusa.num_heads, medusa.topk)
+        hidden_size = load_manifest(Path(bundle_dir)).target.dims.hidden_size
+        self.ptrs = {"hidden": memory.malloc(max_rows * hidden_size * dtypes["hidden"].itemsize),
+                     "ids": memory.malloc(max_rows * medusa.num_heads * medusa.topk * dtypes["ids"].itemsize),
+                     "logprobs": memory.malloc(max_rows * medusa.num_heads * medusa.topk
+                                               * dtypes["logprobs"].itemsize)}
+
+    def __call__(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = hidden.shape[1]
+        if rows > self.max_rows:
+            raise ContextLengthError(f"{rows} hidden rows exceed the Medusa engine's max of {self.max_rows}")
+        m, ctx = self.memory, self.context
+        m.to_device(self.ptrs["hidden"], np.ascontiguousarray(hidden, dtype=self.dtypes["hidden"]))
+        ctx.set_input_shape("hidden", hidden.shape)
+        for name, ptr in self.ptrs.items():
+            ctx.set_tensor_address(name, ptr)
+        if not ctx.execute_async_v3(m.stream):
+            raise SpecrtError("TensorRT failed to run the Medusa heads (see its log above)")
+        ids = np.empty((1, rows, *self.out_shape), self.dtypes["ids"])
+        logprobs = np.empty((1, rows, *self.out_shape), self.dtypes["logprobs"])
+        m.to_host(ids, self.ptrs["ids"])
+        m.to_host(logprobs, self.ptrs["logprobs"])
+        m.synchronize()
+        return ids.astype(np.int64, copy=False), logprobs
+
+
+def _heads(bundle_dir: Path, file: str, threads: int | None = None):
+    """TensorRT heads when ``specrt build`` made a Medusa engine, else ONNX Runtime's."""
+    if "medusa" in load_manifest(Path(bundle_dir)).engines:
+        return TrtHeads(bundle_dir, file, threads)
+    return OrtHeads(bundle_dir, file, threads)
 
 
 class _Graph:
@@ -178,7 +262,7 @@ class _Graph:
         m.to_host(hidden, self.io[C.HIDDEN])
 
 
-@register_backend("tensorrt", _trt_available, heads=OrtHeads, accepts=_has_engines)
+@register_backend("tensorrt", _trt_available, heads=_heads, accepts=_has_engines)
 class TrtDecoder:
     """:class:`~specrt.runtime.backends.base.Decoder` over a TensorRT engine.
 
@@ -195,7 +279,7 @@ class TrtDecoder:
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
         del threads  # TensorRT runs on the GPU; host threads are not its to set
         self.entry, self.kv_dtype = entry, np.dtype(entry.dtype)
-        self._trt_objects: list[Any] = []  # runtime and engine outlive the contexts made from them
+        self._engine: OpenEngine | None = None  # runtime and engine must outlive the contexts made from them
         if context_factory is None:
             context_factory, memory, limits = self._load(Path(bundle_dir), entry)
         assert memory is not None and limits is not None
@@ -216,25 +300,9 @@ class TrtDecoder:
                         *(C.past_value(i) for i in range(d.num_layers))}
 
     def _load(self, bundle_dir: Path, entry: ModelEntry):
-        trt = _import_tensorrt()
-        memory = CudaMemory()
-        from cuda.bindings import runtime as cudart
-
-        _, props = cudart.cudaGetDeviceProperties(0)
-        record = engine_record(bundle_dir, entry)
-        check_engine(record, trt.__version__, f"{props.major}.{props.minor}")
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        engine = runtime.deserialize_cuda_engine((bundle_dir / record["file"]).read_bytes())
-        if engine is None:
-            raise ConfigError(f"TensorRT could not load {record['file']}: rerun `specrt build`")
-        self._trt_objects = [runtime, engine]
-
-        def context(profile: int):
-            ctx = engine.create_execution_context()
-            ctx.set_optimization_profile_async(profile, memory.stream)
-            return ctx
-
-        return context, memory, EngineLimits.from_options(record["options"])
+        opened = open_engine(bundle_dir, role_of(bundle_dir, entry))
+        self._engine = opened
+        return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"])
 
     def new_cache(self, max_context: int) -> DeviceKVCache:
         # The engine was built for at most limits.max_context positions; a longer context fails loudly
