@@ -27,14 +27,20 @@ def view(ptr: int, shape, dtype) -> np.ndarray:
 class HostMemory:
     stream = None
 
-    def __init__(self) -> None:
+    def __init__(self, integrated: bool = False) -> None:
+        self.integrated = integrated
         self._blocks: list[np.ndarray] = []
-        self.copies_2d = 0
+        self.copies_2d = self.host_copies = 0
 
     def malloc(self, nbytes: int) -> int:
         block = np.full(max(nbytes, 1), 0xAB, np.uint8)  # garbage, as cudaMalloc gives
         self._blocks.append(block)
         return block.ctypes.data
+
+    def mapped(self, nbytes: int):
+        assert self.integrated, "host-mapped outputs are for integrated GPUs only"
+        ptr = self.malloc(nbytes)
+        return ptr, self._blocks[-1][:nbytes]
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         ctypes.memset(ptr, value, nbytes)
@@ -43,6 +49,7 @@ class HostMemory:
         ctypes.memmove(dst, src.ctypes.data, src.nbytes)
 
     def to_host(self, dst: np.ndarray, src: int) -> None:
+        self.host_copies += 1
         ctypes.memmove(dst.ctypes.data, src, dst.nbytes)
 
     def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None:

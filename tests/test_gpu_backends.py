@@ -90,11 +90,11 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
     assert all(b - a == cache.plane_bytes for a, b in zip(starts, starts[1:]))
 
 
-def _fake_trt(**options):
+def _fake_trt(integrated: bool = False, **options):
     def factory(bundle_dir, entry, threads=None):
         session = _session(bundle_dir / entry.file, 1)
         return TrtDecoder(bundle_dir, entry, context_factory=lambda profile: OrtEngineContext(session),
-                          memory=HostMemory(), limits=LIMITS, **options)
+                          memory=HostMemory(integrated), limits=LIMITS, **options)
 
     return factory
 
@@ -104,7 +104,8 @@ def _ort_on_device_memory(bundle_dir, entry, threads=None):
 
 
 DEVICE_BACKENDS = {"trt-graphs": _fake_trt(), "trt-eager": _fake_trt(graphs=False),
-                   "trt-small-buckets": _fake_trt(buckets=(1, 2, 4)), "ort-device": _ort_on_device_memory}
+                   "trt-small-buckets": _fake_trt(buckets=(1, 2, 4)), "trt-jetson": _fake_trt(integrated=True),
+                   "ort-device": _ort_on_device_memory}
 
 
 @pytest.fixture
@@ -133,8 +134,10 @@ def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backe
             assert {1, 8, 16} <= widths and verify.runs == 0
         elif backend == "trt-small-buckets":  # trees and chains leave the buckets and run eagerly
             assert 1 in widths and widths <= {1, 2, 4} and verify.runs > 0
-        else:
+        elif backend == "trt-eager":
             assert not decoder.graphs and verify.runs > 0
+        else:  # integrated GPU: the engine writes logits into host-mapped memory, nothing is copied back
+            assert decoder.memory.host_copies == 0 and decoder.graphs
 
 
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ compaction to a few calls whatever the depth of the model.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Callable, Protocol
 
 import numpy as np
@@ -26,8 +27,12 @@ class DeviceMemory(Protocol):
     """What the GPU backends need from a device: raw allocations and asynchronous copies on one stream."""
 
     stream: object
+    integrated: bool  # GPU and CPU share memory (Jetson): outputs can be host-mapped instead of copied
 
     def malloc(self, nbytes: int) -> int: ...
+
+    def mapped(self, nbytes: int) -> tuple[int, np.ndarray]:
+        """Host memory the device writes directly: (device address, uint8 host array over it)."""
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None: ...
 
@@ -57,7 +62,10 @@ class CudaMemory:
         self._rt = cudart
         self._check(cudart.cudaSetDevice(device), "cudaSetDevice")
         self.stream = self._check(cudart.cudaStreamCreate(), "cudaStreamCreate")
+        props = self._check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+        self.integrated = bool(props.integrated)
         self._owned: list[int] = []
+        self._owned_host: list[int] = []
 
     def _check(self, result, what: str):
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -70,6 +78,13 @@ class CudaMemory:
         ptr = int(self._check(self._rt.cudaMalloc(max(nbytes, 1)), f"cudaMalloc({nbytes} bytes)"))
         self._owned.append(ptr)
         return ptr
+
+    def mapped(self, nbytes: int) -> tuple[int, np.ndarray]:
+        rt = self._rt
+        host = int(self._check(rt.cudaHostAlloc(max(nbytes, 1), rt.cudaHostAllocMapped), "cudaHostAlloc"))
+        self._owned_host.append(host)
+        device = int(self._check(rt.cudaHostGetDevicePointer(host, 0), "cudaHostGetDevicePointer"))
+        return device, np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(host))[:nbytes]
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         self._check(self._rt.cudaMemsetAsync(ptr, value, nbytes, self.stream), "cudaMemsetAsync")
@@ -107,6 +122,8 @@ class CudaMemory:
         rt = getattr(self, "_rt", None)
         for ptr in getattr(self, "_owned", []):
             rt.cudaFree(ptr)
+        for ptr in getattr(self, "_owned_host", []):
+            rt.cudaFreeHost(ptr)
 
 
 def compaction_copies(start: int, keep: np.ndarray) -> list[tuple[int, int, int]]:

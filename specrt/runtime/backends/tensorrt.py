@@ -214,6 +214,32 @@ def _heads(bundle_dir: Path, file: str, threads: int | None = None):
     return OrtHeads(bundle_dir, file, threads)
 
 
+class _Outputs:
+    """Where an engine writes logits and hidden rows: device buffers copied back after each pass, or on
+    integrated GPUs (Jetson: one memory for CPU and GPU) host-mapped memory, read with no copy at all."""
+
+    def __init__(self, memory: DeviceMemory, rows: int, dims: C.ModelDims, dtype: np.dtype) -> None:
+        self.memory, self.mapped = memory, bool(getattr(memory, "integrated", False))
+        self.ptrs: dict[str, int] = {}
+        self.host: dict[str, np.ndarray] = {}
+        for name, shape, dt in ((C.LOGITS, (rows, dims.vocab_size), np.dtype(np.float32)),
+                                (C.HIDDEN, (rows, dims.hidden_size), dtype)):
+            nbytes = rows * shape[1] * dt.itemsize
+            if self.mapped:
+                self.ptrs[name], raw = memory.mapped(nbytes)
+                self.host[name] = raw.view(dt).reshape(shape)
+            else:
+                self.ptrs[name], self.host[name] = memory.malloc(nbytes), np.empty(shape, dt)
+
+    def fetch(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``q_len`` rows, valid once the stream is synchronized."""
+        logits, hidden = self.host[C.LOGITS][:q_len], self.host[C.HIDDEN][:q_len]
+        if not self.mapped:
+            self.memory.to_host(logits, self.ptrs[C.LOGITS])
+            self.memory.to_host(hidden, self.ptrs[C.HIDDEN])
+        return logits, hidden
+
+
 class _Graph:
     """The verify step of one bucket width captured as a CUDA graph, on its own execution context.
 
@@ -229,10 +255,9 @@ class _Graph:
         self.ctx = decoder.context_factory(VERIFY)
         rb = cache.row_bytes
         self.scratch = m.malloc(cache.planes * bucket * rb)
+        self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype)
         self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
-                   C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)),
-                   C.LOGITS: m.malloc(bucket * d.vocab_size * 4),
-                   C.HIDDEN: m.malloc(bucket * d.hidden_size * decoder.kv_dtype.itemsize)}
+                   C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs}
         kv = (d.num_kv_heads, d.head_dim)
         plan = tensor_plan(0, bucket, cache, self.io, d)  # ids, positions, logits, hidden, new K/V shapes
         plan[C.ATTENTION_MASK] = ((1, 1, bucket, rows + bucket), self.io[C.ATTENTION_MASK])
@@ -248,8 +273,8 @@ class _Graph:
         decoder.execute(self.ctx)  # TensorRT wants one run before capture (deferred allocations)
         self.graph = m.capture(lambda: decoder.execute(self.ctx))
 
-    def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
-            logits: np.ndarray, hidden: np.ndarray) -> None:
+    def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
         m, cache, b = decoder.memory, self.cache, self.bucket
         q_len, past = len(input_ids), cache.length
         m.to_device(self.io[C.INPUT_IDS], pad_to(np.asarray(input_ids, np.int64), b))
@@ -258,8 +283,7 @@ class _Graph:
         m.replay(self.graph)
         rb = cache.row_bytes
         m.copy_2d(cache.base + past * rb, cache.plane_bytes, self.scratch, b * rb, q_len * rb, cache.planes)
-        m.to_host(logits, self.io[C.LOGITS])
-        m.to_host(hidden, self.io[C.HIDDEN])
+        return self.outputs.fetch(q_len)
 
 
 @register_backend("tensorrt", _trt_available, heads=_heads, accepts=_has_engines)
@@ -289,12 +313,9 @@ class TrtDecoder:
         self.buckets = tuple(b for b in buckets if b <= limits.max_verify) if graphs else ()
         self.graphs: dict[tuple[int, int, int], _Graph] = {}  # (cache base, cache rows, bucket) → graph
         d, q = entry.dims, limits.max_q
+        self.outputs = _Outputs(memory, q, d, self.kv_dtype)
         self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
-                   C.ATTENTION_MASK: memory.malloc(limits.mask_elements),
-                   C.LOGITS: memory.malloc(q * d.vocab_size * 4),
-                   C.HIDDEN: memory.malloc(q * d.hidden_size * self.kv_dtype.itemsize)}
-        self._logits = np.empty((q, d.vocab_size), np.float32)
-        self._hidden = np.empty((q, d.hidden_size), self.kv_dtype)
+                   C.ATTENTION_MASK: memory.malloc(limits.mask_elements), **self.outputs.ptrs}
         self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK,
                         *(C.past_key(i) for i in range(d.num_layers)),
                         *(C.past_value(i) for i in range(d.num_layers))}
@@ -334,17 +355,16 @@ class TrtDecoder:
                 mask: np.ndarray) -> DecoderOutput:
         q_len, past = len(input_ids), cache.length
         cache.ensure_room(q_len)
-        logits, hidden = self._logits[:q_len], self._hidden[:q_len]
         graph = self._graph_for(cache, q_len)
         if graph is not None:
-            graph.run(self, input_ids, position_ids, mask, logits, hidden)
+            logits, hidden = graph.run(self, input_ids, position_ids, mask)
         else:
-            self._eager(cache, input_ids, position_ids, mask, logits, hidden)
+            logits, hidden = self._eager(cache, input_ids, position_ids, mask)
         self.memory.synchronize()
         return DecoderOutput(logits=logits, hidden=hidden)
 
-    def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
-               logits: np.ndarray, hidden: np.ndarray) -> None:
+    def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
         q_len, past, m = len(input_ids), cache.length, self.memory
         ctx = self.contexts[choose_profile(past, q_len, self.limits)]
         m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -352,5 +372,4 @@ class TrtDecoder:
         m.to_device(self.io[C.ATTENTION_MASK], np.ascontiguousarray(mask, dtype=bool))
         self.bind(ctx, tensor_plan(past, q_len, cache, self.io, self.entry.dims))
         self.execute(ctx)
-        m.to_host(logits, self.io[C.LOGITS])
-        m.to_host(hidden, self.io[C.HIDDEN])
+        return self.outputs.fetch(q_len)
