@@ -141,6 +141,11 @@ def test_stop_string(close):
     assert out.text == full[: full.find(stop)]
     streamed = "".join(close.stream(PROMPTS[0], max_new_tokens=40, method="draft", stop=[stop]))
     assert streamed == out.text
+    # the ids end with the token that reaches the stop string, not with the rest of the last chunk
+    assert out.text, "the stop string should not be at the very start here"
+    covered = close.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    shorter = close.tokenizer.decode(out.token_ids[:-1], skip_special_tokens=True)
+    assert covered.startswith(out.text) and len(shorter) < len(out.text)
 
 
 def test_eos_stops_generation(close_bundle, tmp_path, close):

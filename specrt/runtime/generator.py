@@ -51,6 +51,7 @@ class _TextTracker:
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
             text, self.stopped = text[:cut], True
+            self.ids = self._ids_covering(cut)
         elif text.endswith("\ufffd"):
             return ""  # a multi-byte character is still incomplete
         self.text = text
@@ -59,6 +60,14 @@ class _TextTracker:
         upto = max(self.emitted, len(text) - hold)
         delta, self.emitted = text[self.emitted:upto], upto
         return delta
+
+    def _ids_covering(self, n_chars: int) -> list[int]:
+        """The shortest prefix of the ids whose text reaches ``n_chars``: the tokens past a stop string are
+        not part of the result (the stop usually falls in the last chunk, so this decodes a few prefixes)."""
+        k = len(self.ids)
+        while k > 0 and len(self.tokenizer.decode(self.ids[:k - 1], skip_special_tokens=True)) >= n_chars:
+            k -= 1
+        return self.ids[:k]
 
     def flush(self) -> str:
         delta, self.emitted = self.text[self.emitted:], len(self.text)
