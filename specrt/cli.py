@@ -408,7 +408,8 @@ def build(bundle: str | None, precision: str, max_context: int | None, max_promp
     JetPack's TensorRT on Jetson).
 
     Afterwards `specrt run --bundle DIR` uses the engines (backend auto, or --backend tensorrt), with
-    the KV cache on the GPU; Medusa heads stay on ONNX Runtime.
+    the KV cache on the GPU, verify passes replayed as CUDA graphs, and the Medusa heads
+    on their own engine.
 
     \b
     Example:
