@@ -331,7 +331,7 @@ def plan(alpha: float | None, c: float | None, bundle: str | None, demo: bool, t
 
         m = measure(load(bundle), builtin_prompts("code"), temperature=temperature)
         alpha, c = m.alpha, m.c
-        click.echo(f"measured on {len(builtin_prompts('code'))} prompts at temperature {temperature:g}: "
+        click.echo(f"measured on {m.prompts} prompts at temperature {temperature:g}: "
                    f"α = {m.alpha:.3f} (accepted/drafted {m.acceptance_rate:.3f}), c = {m.c:.3f}")
     elif alpha is None or c is None:
         raise click.UsageError("give --alpha and --c, or --bundle to measure them")

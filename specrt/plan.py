@@ -32,7 +32,7 @@ def plan_table(alpha: float, c: float, max_gamma: int = 16) -> list[PlanRow]:
 class Measurement:
     alpha: float  # mean Σmin(p, q) over verified prefixes
     acceptance_rate: float  # accepted / drafted
-    c: float  # draft pass time / target verification pass time
+    c: float  # draft pass time / plain target decode pass time (as bench reports it)
     temperature: float
     prompts: int
 

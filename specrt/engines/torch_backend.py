@@ -66,6 +66,7 @@ class _Graph:
 
     def __init__(self, wrapper, cache: TorchKVCache, bucket: int) -> None:
         dev = cache.keys[0].device
+        self.cache = cache  # the graph writes into its tensors: keep them alive (and id(cache) unique as a key)
         self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.mask = torch.zeros(1, 1, bucket, cache.max_context + bucket, dtype=torch.bool, device=dev)

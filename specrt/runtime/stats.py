@@ -30,7 +30,6 @@ class StatsRecorder:
     accepted: int = 0
     draft_passes: int = 0
     betas: list[float] = field(default_factory=list)
-    gammas: list[int] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
     t_start: float = field(default_factory=time.perf_counter)
@@ -45,9 +44,8 @@ class StatsRecorder:
 
     def record_step(self, r: StepRecord) -> None:
         self.steps += 1
-        self.gammas.append(r.proposed)  # what was drafted; n-gram lookup may propose fewer than gamma
         self.accepted_lengths.append(r.accepted)
-        self.drafted += r.proposed
+        self.drafted += r.proposed  # what was drafted; n-gram lookup may propose fewer than gamma
         self.accepted += r.accepted
         self.betas.extend(r.betas)
         self.draft_passes += r.draft_passes
@@ -61,14 +59,15 @@ class StatsRecorder:
         t_draft = self.seconds["draft"] / self.draft_passes if self.draft_passes else 0.0
         c = t_draft / t_target if t_target else 0.0
         alpha = sum(self.betas) / len(self.betas) if self.betas else None
-        gamma = round(sum(self.gammas) / len(self.gammas)) if self.gammas else 0
+        mean_gamma = self.drafted / self.steps if self.steps else 0.0
+        gamma = round(mean_gamma)
         predicted = theory.speedup(min(alpha, 1.0), gamma, c) if alpha is not None and gamma else None
         return GenerationStats(
             method=self.method, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,
             drafted=self.drafted, accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else None,
             alpha_estimate=alpha, mean_accepted=self.accepted / self.steps if self.steps else 0.0,
-            tokens_per_target_pass=self.new_tokens / passes, mean_gamma=sum(self.gammas) / len(self.gammas) if self.gammas else 0.0,
+            tokens_per_target_pass=self.new_tokens / passes, mean_gamma=mean_gamma,
             c=c, predicted_speedup=predicted, total_s=total, prefill_s=self.seconds["prefill"],
             draft_s=self.seconds["draft"], verify_s=self.seconds["verify"],
             other_s=total - sum(self.seconds.values()),
