@@ -141,8 +141,9 @@ def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backe
 
 
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):
+    manifest = load_manifest(close_bundle)
     with pytest.raises(ConfigError, match="specrt build --bundle"):
-        engine_record(close_bundle, role_of(close_bundle, load_manifest(close_bundle).target))
+        engine_record(manifest, role_of(manifest, manifest.target), close_bundle)
     info = base._BACKENDS["tensorrt"]
     monkeypatch.setitem(base._BACKENDS, "tensorrt", base.BackendInfo("tensorrt", lambda: True, info.factory,
                                                                      info.heads, info.accepts))
@@ -154,13 +155,14 @@ def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp
                                       "options": {"max_context": 256, "max_prompt": 64, "max_verify": 16}}}
     (built / "specrt.json").write_text(json.dumps(manifest))
     assert base._backend("auto", built).name == "tensorrt"
-    record = engine_record(built, "target")
+    built_manifest = load_manifest(built)
+    record = engine_record(built_manifest, "target", built)
     check_engine(record, "10.9", "9.0")
     with pytest.raises(ConfigError, match="rerun `specrt build`"):
         check_engine(record, "10.13", "9.0")
-    assert role_of(built, load_manifest(built).draft) == "draft"
+    assert role_of(built_manifest, built_manifest.draft) == "draft"
     with pytest.raises(ConfigError, match="no TensorRT engine for its draft"):
-        engine_record(built, "draft")
+        engine_record(built_manifest, "draft", built)
 
 
 def test_tensorrt_medusa_heads_return_what_onnxruntime_returns(medusa_bundle):

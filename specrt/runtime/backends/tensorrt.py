@@ -19,7 +19,7 @@ import numpy as np
 
 from ... import contract as C
 from ...errors import ConfigError, ContextLengthError, SpecrtError
-from ...manifest import ModelEntry, load_manifest
+from ...manifest import Manifest, ModelEntry, load_manifest
 from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from .base import DecoderOutput, register_backend
@@ -66,10 +66,11 @@ def choose_profile(past: int, q_len: int, limits: EngineLimits) -> int:
                              f"({limits.max_context} - {limits.max_verify}); rebuild with a larger --max-context")
 
 
-def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int], dims: C.ModelDims
-                ) -> dict[str, tuple[tuple[int, ...], int]]:
+def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int], dims: C.ModelDims,
+                new_kv: list[tuple[int, int]] | None = None) -> dict[str, tuple[tuple[int, ...], int]]:
     """Name → (shape, device address) for one forward: the past is a prefix of each cache plane and the
-    new K/V land right after it (``ptr + past * row_bytes``); ``io`` holds the fixed I/O buffers."""
+    new K/V land right after it (``ptr + past * row_bytes``) unless ``new_kv`` gives other (key, value)
+    addresses per layer; ``io`` holds the fixed I/O buffers."""
     kv, offset = (dims.num_kv_heads, dims.head_dim), past * cache.row_bytes
     plan: dict[str, tuple[tuple[int, ...], int]] = {
         C.INPUT_IDS: ((1, q_len), io[C.INPUT_IDS]),
@@ -78,11 +79,12 @@ def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int],
         C.LOGITS: ((1, q_len, dims.vocab_size), io[C.LOGITS]),
         C.HIDDEN: ((1, q_len, dims.hidden_size), io[C.HIDDEN]),
     }
-    for i, (kp, vp) in enumerate(zip(cache.key_ptrs, cache.value_ptrs)):
+    destinations = new_kv or [(kp + offset, vp + offset) for kp, vp in zip(cache.key_ptrs, cache.value_ptrs)]
+    for i, (kp, vp, (nk, nv)) in enumerate(zip(cache.key_ptrs, cache.value_ptrs, destinations)):
         plan[C.past_key(i)] = ((1, past, *kv), kp)
         plan[C.past_value(i)] = ((1, past, *kv), vp)
-        plan[C.new_key(i)] = ((1, q_len, *kv), kp + offset)
-        plan[C.new_value(i)] = ((1, q_len, *kv), vp + offset)
+        plan[C.new_key(i)] = ((1, q_len, *kv), nk)
+        plan[C.new_value(i)] = ((1, q_len, *kv), nv)
     return plan
 
 
@@ -111,14 +113,13 @@ def _has_engines(bundle_dir: Path) -> bool:
         return False
 
 
-def role_of(bundle_dir: Path, entry: ModelEntry) -> str:
-    manifest = load_manifest(Path(bundle_dir))
+def role_of(manifest: Manifest, entry: ModelEntry) -> str:
     return next((r for r, e in manifest.models.items() if e.file == entry.file), entry.file)
 
 
-def engine_record(bundle_dir: Path, role: str) -> dict[str, Any]:
+def engine_record(manifest: Manifest, role: str, bundle_dir: Path) -> dict[str, Any]:
     """The manifest's engine for ``role`` (target, draft, medusa), or an error saying how to build one."""
-    record = load_manifest(Path(bundle_dir)).engines.get(role)
+    record = manifest.engines.get(role)
     if not record:
         raise ConfigError(f"the bundle has no TensorRT engine for its {role}: run "
                           f"`specrt build --bundle {bundle_dir}` on this machine")
@@ -148,13 +149,13 @@ class OpenEngine:
         return ctx
 
 
-def open_engine(bundle_dir: Path, role: str) -> OpenEngine:
+def open_engine(bundle_dir: Path, manifest: Manifest, role: str) -> OpenEngine:
     trt = _import_tensorrt()
     memory = CudaMemory()
     from cuda.bindings import runtime as cudart
 
     _, props = cudart.cudaGetDeviceProperties(0)
-    record = engine_record(bundle_dir, role)
+    record = engine_record(manifest, role, bundle_dir)
     check_engine(record, trt.__version__, f"{props.major}.{props.minor}")
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     engine = runtime.deserialize_cuda_engine((Path(bundle_dir) / record["file"]).read_bytes())
@@ -170,11 +171,12 @@ class TrtHeads:
                  memory: DeviceMemory | None = None, dtypes: dict[str, np.dtype] | None = None,
                  max_rows: int | None = None) -> None:
         del file, threads
-        medusa = load_manifest(Path(bundle_dir)).medusa
+        manifest = load_manifest(Path(bundle_dir))
+        medusa = manifest.medusa
         assert medusa is not None
         self._engine: OpenEngine | None = None
         if context is None:
-            self._engine = opened = open_engine(Path(bundle_dir), "medusa")
+            self._engine = opened = open_engine(Path(bundle_dir), manifest, "medusa")
             trt = _import_tensorrt()
             context, memory = opened.context(0), opened.memory
             dtypes = {n: np.dtype(trt.nptype(opened.engine.get_tensor_dtype(n))) for n in ("hidden", "ids", "logprobs")}
@@ -182,7 +184,7 @@ class TrtHeads:
         assert memory is not None and dtypes is not None and max_rows is not None
         self.context, self.memory, self.dtypes, self.max_rows = context, memory, dtypes, max_rows
         self.out_shape = (medusa.num_heads, medusa.topk)
-        hidden_size = load_manifest(Path(bundle_dir)).target.dims.hidden_size
+        hidden_size = manifest.target.dims.hidden_size
         self.ptrs = {"hidden": memory.malloc(max_rows * hidden_size * dtypes["hidden"].itemsize),
                      "ids": memory.malloc(max_rows * medusa.num_heads * medusa.topk * dtypes["ids"].itemsize),
                      "logprobs": memory.malloc(max_rows * medusa.num_heads * medusa.topk
@@ -258,15 +260,9 @@ class _Graph:
         self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype)
         self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
                    C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs}
-        kv = (d.num_kv_heads, d.head_dim)
-        plan = tensor_plan(0, bucket, cache, self.io, d)  # ids, positions, logits, hidden, new K/V shapes
-        plan[C.ATTENTION_MASK] = ((1, 1, bucket, rows + bucket), self.io[C.ATTENTION_MASK])
-        for i, (kp, vp) in enumerate(zip(cache.key_ptrs, cache.value_ptrs)):
-            plan[C.past_key(i)] = ((1, rows, *kv), kp)
-            plan[C.past_value(i)] = ((1, rows, *kv), vp)
-            plan[C.new_key(i)] = ((1, bucket, *kv), self.scratch + 2 * i * bucket * rb)
-            plan[C.new_value(i)] = ((1, bucket, *kv), self.scratch + (2 * i + 1) * bucket * rb)
-        decoder.bind(self.ctx, plan)
+        scratch_planes = [self.scratch + p * bucket * rb for p in range(cache.planes)]  # K0, V0, K1, ...
+        decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d,
+                                           new_kv=list(zip(scratch_planes[::2], scratch_planes[1::2]))))
         m.memset(self.io[C.ATTENTION_MASK], 1, bucket * (rows + bucket))  # a defined warm-up input
         m.memset(self.io[C.INPUT_IDS], 0, bucket * 8)
         m.memset(self.io[C.POSITION_IDS], 0, bucket * 8)
@@ -321,7 +317,8 @@ class TrtDecoder:
                         *(C.past_value(i) for i in range(d.num_layers))}
 
     def _load(self, bundle_dir: Path, entry: ModelEntry):
-        opened = open_engine(bundle_dir, role_of(bundle_dir, entry))
+        manifest = load_manifest(bundle_dir)
+        opened = open_engine(bundle_dir, manifest, role_of(manifest, entry))
         self._engine = opened
         return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"])
 
