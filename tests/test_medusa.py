@@ -12,6 +12,7 @@ import specrt
 from specrt.cli import main
 from specrt.errors import ConfigError
 from specrt.manifest import load_manifest
+from specrt.runtime.logits import Dist
 from specrt.runtime.medusa import choose_tree, tree_from_paths, typical_threshold, verify_tree_typical
 from specrt.runtime.tree import TokenTree
 
@@ -45,10 +46,11 @@ def test_typical_rule():
     tree = TokenTree(tokens=[0, 1, 2], parents=[-1, -1, 0])
     p_root = np.array([0.6, 0.3, 0.05, 0.05])
     p_nodes = np.array([[0.05, 0.05, 0.85, 0.05], [0.25] * 4, [0.1, 0.2, 0.3, 0.4]])
-    path, _ = verify_tree_typical(p_root, p_nodes, tree, np.random.default_rng(0))
+    rows = lambda: [Dist.from_probs(r) for r in [p_root, *p_nodes]]  # noqa: E731
+    path, _ = verify_tree_typical(rows(), tree, np.random.default_rng(0))
     assert path == [0, 2]  # both typical; the deepest accepted path wins
     p_nodes[0] = [0.9, 0.04, 0.03, 0.03]  # token 2 is now atypical after node 0
-    path, _ = verify_tree_typical(p_root, p_nodes, tree, np.random.default_rng(0))
+    path, _ = verify_tree_typical(rows(), tree, np.random.default_rng(0))
     assert path == [0]
 
 

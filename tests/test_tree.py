@@ -7,11 +7,16 @@ import pytest
 
 import specrt
 from specrt.errors import ConfigError
+from specrt.runtime.logits import Dist
 from specrt.runtime.masks import causal_mask, speculation_mask
-from specrt.runtime.sampling import sample
 from specrt.runtime.tree import TokenTree, TreeShape, verify_tree_greedy, verify_tree_sampled
 
 N = 20_000
+
+
+def rows(*dense) -> list[Dist]:
+    """Dense probability rows as the Dists verification reads: [root, node 0, node 1, ...]."""
+    return [Dist.from_probs(r) for r in dense]
 
 
 def test_tree_shape():
@@ -49,11 +54,11 @@ def test_greedy_tree_follows_the_target_argmax():
     onehot = np.eye(v)
     # target: after root 4, after node 1 (4) -> 6, after node 3 (6) -> 2 (bonus)
     p_root, p_nodes = onehot[4], onehot[[0, 6, 0, 2]]
-    assert verify_tree_greedy(p_root, p_nodes, tree) == ([1, 3], 2)
+    assert verify_tree_greedy(rows(p_root, *p_nodes), tree) == ([1, 3], 2)
     # target wants 7 after the root: no child carries it -> correction 7, nothing accepted
-    assert verify_tree_greedy(onehot[7], p_nodes, tree) == ([], 7)
+    assert verify_tree_greedy(rows(onehot[7], *p_nodes), tree) == ([], 7)
     # accept node 0 (3), then the target wants 1, which node 2 (5) is not -> correction 1
-    assert verify_tree_greedy(onehot[3], onehot[[1, 0, 0, 0]], tree) == ([0], 1)
+    assert verify_tree_greedy(rows(onehot[3], *onehot[[1, 0, 0, 0]]), tree) == ([0], 1)
 
 
 def tree_sequence(p, q, widths, length, rng, rule=verify_tree_sampled):
@@ -62,20 +67,19 @@ def tree_sequence(p, q, widths, length, rng, rule=verify_tree_sampled):
     out: list[int] = []
     while len(out) < length:
         t = len(out)
-        tokens, parents, child_q, frontier = [], [], {-1: q[t]}, [-1]
+        tokens, parents, child_q, frontier = [], [], {-1: Dist.from_probs(q[t])}, [-1]
         for d, w in enumerate(widths[: length - t - 1]):
             start = len(tokens)
             for parent in frontier:
                 for _ in range(w):
-                    tokens.append(sample(child_q[parent], rng))
+                    tokens.append(child_q[parent].sample(rng))
                     parents.append(parent)
             frontier = list(range(start, len(tokens)))
             for node in frontier:
-                child_q[node] = q[t + d + 1]
+                child_q[node] = Dist.from_probs(q[t + d + 1])
         tree = TokenTree(tokens, parents, child_q)
         depth = [tree.depth(i) for i in range(len(tokens))]
-        p_nodes = np.array([p[t + d + 1] for d in depth]) if tokens else np.zeros((0, p.shape[1]))
-        path, nxt = rule(p[t], p_nodes, tree, rng)
+        path, nxt = rule(rows(p[t], *[p[t + d + 1] for d in depth]), tree, rng)
         out += [tokens[i] for i in path] + [nxt]
     return out[:length]
 
@@ -102,20 +106,20 @@ def test_sampled_tree_is_exact(kind):
 
 def test_sampled_tree_check_catches_a_missing_residual_update():
     """Without p <- norm(max(0, p - q)) after a rejected child, siblings get too much mass."""
-    def biased(p_root, p_nodes, tree, rng):
+    def biased(p_rows, tree, rng):
         kids = tree.children()
-        node, p, path = -1, p_root, []
+        node, p, path = -1, p_rows[0], []
         while kids[node]:
             q = tree.child_q[node]
             for child in kids[node]:
                 x = tree.tokens[child]
-                if rng.random() * q[x] < p[x]:
+                if rng.random() * q.prob(x) < p.prob(x):
                     path.append(child)
-                    node, p = child, p_nodes[child]
+                    node, p = child, p_rows[1 + child]
                     break
             else:
                 break
-        return path, sample(p, rng)
+        return path, p.sample(rng)
 
     rng = np.random.default_rng(3)
     v = 6

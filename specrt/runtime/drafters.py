@@ -8,16 +8,19 @@ from typing import Callable, ClassVar, Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .logits import Dist
 from .masks import tree_mask
 from .model import CachedModel
-from .sampling import SamplingConfig, sample
+from .sampling import SamplingConfig
 from .tree import TokenTree, TreeShape
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int]
-    probs: np.ndarray  # [len(tokens), V]: the q each token was drawn from (one-hot for deterministic drafters)
+    # The q each token was drawn from (a point for deterministic drafters), held on its support:
+    # verification reads q(x), and q's row only to build a residual after a rejection.
+    dists: list[Dist]
     passes: int = 0  # draft-model forward passes spent on it
 
 
@@ -44,12 +47,6 @@ def register_method(name: str):
     return deco
 
 
-def _one_hot(tokens: list[int], vocab: int) -> np.ndarray:
-    q = np.zeros((len(tokens), vocab))
-    q[np.arange(len(tokens)), tokens] = 1.0
-    return q
-
-
 @register_method("draft")
 class ModelDrafter:
     """A small draft model sampled autoregressively with the same warping as the target."""
@@ -65,17 +62,17 @@ class ModelDrafter:
 
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         if gamma == 0:
-            return Proposal([], np.zeros((0, self.model.vocab)))
+            return Proposal([], [])
         # The first pass also feeds what the draft has not seen (after a fully accepted chain: the
         # last drafted token and the bonus token), so catching up costs no extra pass.
         q = self.model.feed(tokens[self.model.cache.length:], sampling)[0]
-        drafted, rows = [], []
+        drafted, dists = [], []
         for i in range(gamma):
-            drafted.append(sample(q, rng))
-            rows.append(q)
+            drafted.append(q.sample(rng))
+            dists.append(q)
             if i + 1 < gamma:
                 q = self.model.feed(drafted[-1:], sampling)[0]
-        return Proposal(drafted, np.stack(rows), passes=gamma)
+        return Proposal(drafted, dists, passes=gamma)
 
     def rollback(self, valid: int) -> None:
         self.model.cache.truncate(min(self.model.cache.length, valid))
@@ -100,7 +97,7 @@ class NgramDrafter:
 
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         found = lookup_continuation(np.asarray(tokens), gamma, self.max_ngram)
-        return Proposal(found, _one_hot(found, self.vocab))
+        return Proposal(found, [Dist.point(t, self.vocab) for t in found])
 
     def rollback(self, valid: int) -> None:
         pass
@@ -132,7 +129,7 @@ class NoDrafter:
         pass
 
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
-        return Proposal([], np.zeros((0, self.vocab)))
+        return Proposal([], [])
 
     def rollback(self, valid: int) -> None:
         pass
@@ -156,9 +153,9 @@ class TreeDrafter(ModelDrafter):
         if not widths:
             return TokenTree([], [])
         m = self.model
-        # Greedy ranks children by the draft's plain softmax; a one-hot q would only name the top one.
-        cfg = SamplingConfig(temperature=1.0) if sampling.greedy else sampling
-        child_q = {-1: m.feed(tokens[m.cache.length:], cfg)[0]}
+        rows = m.feed(tokens[m.cache.length:], sampling)
+        row_of = {-1: (rows, 0)}  # node -> where its children's logits are (valid until the next pass)
+        child_q: dict[int, Dist] = {}
         context = m.cache.length
         nodes: list[int] = []
         parents: list[int] = []
@@ -166,17 +163,20 @@ class TreeDrafter(ModelDrafter):
         for level, width in enumerate(widths):
             start = len(nodes)
             for parent in frontier:
-                q = child_q[parent]
-                picks = (np.argsort(-q, kind="stable")[:width].tolist() if sampling.greedy
-                         else [sample(q, rng) for _ in range(width)])
+                rows, i = row_of[parent]
+                if sampling.greedy:  # the draft's top-w logits; a one-hot q would only name the top one
+                    picks = rows.top(i, width)
+                else:
+                    q = child_q[parent] = rows[i]
+                    picks = [q.sample(rng) for _ in range(width)]
                 nodes += picks
                 parents += [parent] * len(picks)
             frontier = list(range(start, len(nodes)))
             if level + 1 < len(widths):  # the last level's children are never needed
                 mask, depth = tree_mask(parents, context)
-                probs = m.run(nodes[start:], context + depth[start:], mask[:, :, start:], cfg, last=len(frontier))
+                rows = m.run(nodes[start:], context + depth[start:], mask[:, :, start:], sampling, last=len(frontier))
                 passes += 1
-                child_q.update(zip(frontier, probs))
+                row_of.update((node, (rows, j)) for j, node in enumerate(frontier))
         return TokenTree(nodes, parents, child_q, passes)
 
 

@@ -165,6 +165,7 @@ class SpeculativeGenerator:
         tail = tracker.flush()
         if tail:
             yield tail
+        state.stats.engine_s = sum(m.forward_s for m in self._models.values())
         self.last_result = GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
 
     def generate(self, prompt: str, **kwargs) -> GenerationResult:

@@ -10,12 +10,13 @@ import numpy as np
 
 from .. import theory
 from .drafters import Drafter
+from .logits import overlap
 from .model import CachedModel
-from .sampling import SamplingConfig, sample
+from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
 from .medusa import verify_tree_typical
 from .tree import verify_tree_greedy, verify_tree_sampled
-from .verify import verify_chain
+from .verify import accept_chain
 
 MAX_GAMMA = 64
 
@@ -37,25 +38,26 @@ def prefill(s: DecodeState) -> int:
         p = s.target.feed(s.tokens, s.sampling)[0]
         s.hidden = s.target.hidden[-1]
         s.drafter.prefill(s.tokens, s.sampling)
-    return sample(p, s.rng)
+    return p.sample(s.rng)
 
 
 def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]:
     """Draft γ tokens, verify them all in ONE target pass, keep what exact rejection sampling accepts + 1."""
     context_len = len(s.tokens)
     t0 = time.perf_counter()
-    proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)  # ≤ γ tokens and their q rows [k, V]
+    proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)  # ≤ γ tokens and the q each came from
     k = len(proposal.tokens)
     t1 = time.perf_counter()
-    # The token emitted last (not yet in the target's cache) + the drafts, in one pass: p rows [k+1, V].
+    # The token emitted last (not yet in the target's cache) + the drafts, in one pass: k+1 rows of
+    # logits, warped into p only as far as verification reads them.
     p = s.target.feed(s.tokens[s.target.cache.length:] + proposal.tokens, s.sampling, last=k + 1)
     t2 = time.perf_counter()
-    n, next_token = verify_chain(p, proposal.probs, proposal.tokens, s.rng)
+    n, next_token = accept_chain(p, proposal.dists, proposal.tokens, s.rng)
     # Rejected drafts are forgotten by moving a length: O(1), nothing copied.
     s.target.cache.truncate(context_len + n)
     s.drafter.rollback(context_len + n)
     s.hidden = s.target.hidden[n]
-    betas = [theory.acceptance_rate(p[i], proposal.probs[i]) for i in range(min(n + 1, k))]
+    betas = [overlap(p[i], proposal.dists[i]) for i in range(min(n + 1, k))]
     return proposal.tokens[:n] + [next_token], StepRecord(k, n, betas, proposal.passes, t1 - t0, t2 - t1)
 
 
@@ -70,11 +72,11 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
     p = s.target.feed(missing + tree.tokens, s.sampling, last=len(tree.tokens) + 1, tree_parents=tree.parents)
     t2 = time.perf_counter()
     if s.sampling.greedy:
-        path, next_token = verify_tree_greedy(p[0], p[1:], tree)
+        path, next_token = verify_tree_greedy(p, tree)
     elif typical:
-        path, next_token = verify_tree_typical(p[0], p[1:], tree, s.rng)  # LOSSY, opt-in only
+        path, next_token = verify_tree_typical(p, tree, s.rng)  # LOSSY, opt-in only
     else:
-        path, next_token = verify_tree_sampled(p[0], p[1:], tree, s.rng)
+        path, next_token = verify_tree_sampled(p, tree, s.rng)
     # The accepted nodes sit at context_len + node index; move them into a contiguous run.
     s.target.cache.compact(context_len, path)
     s.drafter.rollback(context_len)
@@ -82,7 +84,7 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
     rows = [p[0]] + [p[1 + i] for i in path]
     qs = [tree.child_q.get(node) for node in [-1, *path]]
     # Greedy trees rank children by the draft's softmax, not a one-hot q: no beta estimate there.
-    betas = [] if s.sampling.greedy else [theory.acceptance_rate(pr, q) for pr, q in zip(rows, qs) if q is not None]
+    betas = [] if s.sampling.greedy else [overlap(pr, q) for pr, q in zip(rows, qs) if q is not None]
     return ([tree.tokens[i] for i in path] + [next_token],
             StepRecord(len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
 

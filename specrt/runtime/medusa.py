@@ -4,12 +4,13 @@ of their top candidates is verified in one target pass (exact for greedy; typica
 from __future__ import annotations
 
 import heapq
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from .sampling import SamplingConfig, sample
+from .logits import Dist
+from .sampling import SamplingConfig
 from .tree import MAX_TREE_NODES, TokenTree
 
 Path = tuple[int, ...]  # (i_0, i_1, ...): head d's i_d-th ranked candidate at depth d
@@ -60,18 +61,18 @@ def typical_threshold(p: np.ndarray, epsilon: float, delta: float) -> float:
     return min(epsilon, delta * np.exp(-entropy))
 
 
-def verify_tree_typical(p_root: np.ndarray, p_nodes: np.ndarray, tree: TokenTree, rng: np.random.Generator,
+def verify_tree_typical(p: Sequence[Dist], tree: TokenTree, rng: np.random.Generator,
                         epsilon: float = 0.09, delta: float = 0.3) -> tuple[list[int], int]:
     """LOSSY: keeps the deepest path whose every token is typical under the target, then samples the
     next token from the target at its end. Fast at temperature > 0, but the output distribution is
-    NOT the target's; never the default."""
+    NOT the target's; never the default. ``p[0]``: the root's row, ``p[1 + i]``: node i's.
+    The entropy needs whole rows: this opt-in path densifies every row it reads."""
     ok: dict[int, bool] = {-1: True}
-    rows = {-1: p_root}
+    rows: dict[int, np.ndarray] = {}
     best, best_depth = -1, 0
     for i, (parent, x) in enumerate(zip(tree.parents, tree.tokens)):
-        p = rows[parent]
-        ok[i] = ok[parent] and p[x] > typical_threshold(p, epsilon, delta)
-        rows[i] = p_nodes[i]
+        row = rows[parent] if parent in rows else rows.setdefault(parent, p[1 + parent].dense())
+        ok[i] = ok[parent] and row[x] > typical_threshold(row, epsilon, delta)
         if ok[i] and tree.depth(i) + 1 > best_depth:
             best, best_depth = i, tree.depth(i) + 1
     path = []
@@ -79,7 +80,7 @@ def verify_tree_typical(p_root: np.ndarray, p_nodes: np.ndarray, tree: TokenTree
     while node >= 0:
         path.append(node)
         node = tree.parents[node]
-    return path[::-1], sample(rows[best], rng)
+    return path[::-1], p[1 + best].sample(rng)
 
 
 class MedusaDrafter:

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .backends import Decoder
+from .logits import LogitRows
 from .masks import speculation_mask
-from .sampling import SamplingConfig, probs_from_logits
-
-
-def align_vocab(logits: np.ndarray, width: int) -> np.ndarray:
-    """Cut or pad (with -inf) logits [N, V'] to [N, width]: padded embedding rows differ between models."""
-    v = logits.shape[-1]
-    if v == width:
-        return logits
-    if v > width:
-        return logits[:, :width]
-    return np.concatenate([logits, np.full((logits.shape[0], width - v), -np.inf, logits.dtype)], axis=1)
+from .sampling import SamplingConfig
 
 
 class CachedModel:
-    """Feeds a decoder whatever its cache lacks and returns probabilities over ``vocab`` ids.
+    """Feeds a decoder whatever its cache lacks and returns its rows of logits, warped on demand into
+    distributions over ``vocab`` ids (a draft whose padded vocabulary differs is cut or zero-extended).
 
     Invariant: the cache holds K/V for ``tokens[:cache.length]`` of the context it was fed.
     """
@@ -30,21 +24,28 @@ class CachedModel:
         self.cache = decoder.new_cache(max_context)
         self.vocab = vocab
         self.passes = 0
+        self.forward_s = 0.0  # time inside the engine's forward calls; the rest of a step is host work
+        self._serial = 0
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
 
     def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
-            last: int) -> np.ndarray:
-        """One forward pass over ``tokens`` appended after ``cache.length``; probabilities of the last
-        ``last`` rows. All fed entries become valid; a caller that rejects some rolls back the cache."""
+            last: int) -> LogitRows:
+        """One forward pass over ``tokens`` appended after ``cache.length``; the last ``last`` rows of
+        logits, valid until this model's next pass. All fed entries become valid; a caller that
+        rejects some rolls back the cache."""
         q_len = len(tokens)
+        t0 = time.perf_counter()
         out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
+        self.forward_s += time.perf_counter() - t0
         self.cache.advance(q_len)
         self.passes += 1
+        self._serial += 1  # never reset: tells rows of this pass from rows of any later one
         self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
-        return probs_from_logits(align_vocab(out.logits[q_len - last:], self.vocab), sampling)
+        made_at = self._serial
+        return LogitRows(out.logits[q_len - last:], sampling, self.vocab, lambda: self._serial == made_at)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
-             tree_parents: list[int] | tuple[int, ...] = ()) -> np.ndarray:
+             tree_parents: list[int] | tuple[int, ...] = ()) -> LogitRows:
         """Feed context ``tokens`` causally, optionally followed by a token tree hanging below the last
         of them (``tree_parents`` covers the final ``len(tree_parents)`` entries of ``tokens``)."""
         prefix = len(tokens) - len(tree_parents)
@@ -54,3 +55,4 @@ class CachedModel:
     def reset(self) -> None:
         self.cache.truncate(0)
         self.passes = 0
+        self.forward_s = 0.0

@@ -32,6 +32,7 @@ class StatsRecorder:
     betas: list[float] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+    engine_s: float = 0.0  # inside the models' forward calls (set by the caller, who owns the models)
     t_start: float = field(default_factory=time.perf_counter)
 
     @contextlib.contextmanager
@@ -71,6 +72,8 @@ class StatsRecorder:
             c=c, predicted_speedup=predicted, total_s=total, prefill_s=self.seconds["prefill"],
             draft_s=self.seconds["draft"], verify_s=self.seconds["verify"],
             other_s=total - sum(self.seconds.values()),
+            engine_s=self.engine_s, host_s=total - self.engine_s,
+            host_ms_per_token=1000 * (total - self.engine_s) / self.new_tokens if self.new_tokens else 0.0,
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
                                 for d in range(max(self.accepted_lengths, default=0))])
@@ -98,7 +101,10 @@ class GenerationStats:
     prefill_s: float
     draft_s: float
     verify_s: float
-    other_s: float  # sampling, acceptance, detokenising: the host overhead
+    other_s: float  # total minus prefill, draft and verify phases
+    engine_s: float  # inside the target's and draft's forward calls
+    host_s: float  # everything else: warping, sampling, acceptance, cache bookkeeping, detokenising
+    host_ms_per_token: float  # host_s per generated token
     tokens_per_second: float
     # fraction of speculative steps whose accepted run reached depth d+1 (chains and trees alike)
     accepted_per_depth: list[float] = field(default_factory=list)

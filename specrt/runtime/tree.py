@@ -7,12 +7,12 @@ Nodes are in level order, so a parent always precedes its children.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from .sampling import sample
-from .verify import residual
+from .logits import Dist, residual
 
 MAX_TREE_NODES = 64
 
@@ -49,8 +49,8 @@ class TreeShape:
 class TokenTree:
     tokens: list[int]
     parents: list[int]
-    # parent index (-1 = root) -> the distribution its children were drawn from (or chosen by, greedy)
-    child_q: dict[int, np.ndarray] = field(default_factory=dict)
+    # parent index (-1 = root) -> the distribution its children were drawn from (sampling only)
+    child_q: dict[int, Dist] = field(default_factory=dict)
     passes: int = 0  # draft-model forward passes spent building it
 
     def children(self) -> dict[int, list[int]]:
@@ -67,39 +67,39 @@ class TokenTree:
         return d
 
 
-def verify_tree_greedy(p_root: np.ndarray, p_nodes: np.ndarray, tree: TokenTree) -> tuple[list[int], int]:
-    """Follow the target's argmax from the root while a child carries it. Returns (path, next_token)."""
+def verify_tree_greedy(p: Sequence[Dist], tree: TokenTree) -> tuple[list[int], int]:
+    """Follow the target's argmax from the root while a child carries it. ``p[0]``: the root's row,
+    ``p[1 + i]``: node i's. Returns (path, next_token)."""
     kids = tree.children()
-    node, p, path = -1, p_root, []
+    node, path = -1, []
     while True:
-        best = int(np.argmax(p))
+        best = int(p[1 + node].top(1)[0])
         child = next((c for c in kids[node] if tree.tokens[c] == best), None)
         if child is None:
             return path, best  # correction, or the bonus token after an accepted leaf
         path.append(child)
-        node, p = child, p_nodes[child]
+        node = child
 
 
-def verify_tree_sampled(p_root: np.ndarray, p_nodes: np.ndarray, tree: TokenTree,
-                        rng: np.random.Generator) -> tuple[list[int], int]:
+def verify_tree_sampled(p: Sequence[Dist], tree: TokenTree, rng: np.random.Generator) -> tuple[list[int], int]:
     """SpecInfer's multi-step speculative sampling; exact when each node's children are i.i.d. draws
-    from ``tree.child_q[node]``.
+    from ``tree.child_q[node]``. ``p[0]``: the root's row, ``p[1 + i]``: node i's.
 
     At a node: try its children in order, accepting child x with probability min(1, p(x)/q(x)); after
     each rejection p becomes norm(max(0, p - q)). An accepted child becomes the node; when every child
     is rejected (or a leaf was accepted) the next token is drawn from the current p.
     """
     kids = tree.children()
-    node, p, path = -1, p_root / p_root.sum(), []
+    node, p_node, path = -1, p[0], []
     while kids[node]:
-        q = tree.child_q[node] / tree.child_q[node].sum()
+        q = tree.child_q[node]
         for child in kids[node]:
             x = tree.tokens[child]
-            if rng.random() * q[x] < p[x]:
+            if rng.random() * q.prob(x) < p_node.prob(x):
                 path.append(child)
-                node, p = child, p_nodes[child] / p_nodes[child].sum()
+                node, p_node = child, p[1 + child]
                 break
-            p = residual(p, q)
+            p_node = residual(p_node, q)
         else:
             break
-    return path, sample(p, rng)
+    return path, p_node.sample(rng)

@@ -1,9 +1,18 @@
-"""Exact speculative sampling: accept draft tokens, correct on the first rejection, add a bonus token."""
+"""Exact speculative sampling: accept draft tokens, correct on the first rejection, add a bonus token.
+
+:func:`verify_chain` is the dense reference (float64 [N, V] rows); :func:`accept_chain` is the same rule
+on :class:`~specrt.runtime.logits.Dist` rows, which the decoding loop runs. Both draw the same tokens
+from the same uniforms.
+"""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
+from .logits import Dist
+from .logits import residual as sparse_residual
 from .sampling import sample
 
 # Below this residual mass p and q are equal to rounding; rejection then has probability ~0 and p
@@ -36,3 +45,17 @@ def verify_chain(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens
         return i, sample(residual(target_probs[i], draft_probs[i]), rng)
     n = len(draft_tokens)
     return n, sample(target_probs[n], rng)
+
+
+def accept_chain(p: Sequence[Dist], q: Sequence[Dist], draft_tokens: Sequence[int],
+                 rng: np.random.Generator) -> tuple[int, int]:
+    """:func:`verify_chain` on distributions held on their supports. ``p[i]`` is read only up to the
+    first rejection (a :class:`~specrt.runtime.logits.LogitRows` warps nothing past it), and the
+    residual is built for the rejected row alone."""
+    for i, x in enumerate(draft_tokens):
+        p_i = p[i]
+        # Accept with probability min(1, p(x)/q(x)); u * q < p avoids dividing by q.
+        if rng.random() * q[i].prob(x) < p_i.prob(x):
+            continue
+        return i, sparse_residual(p_i, q[i]).sample(rng)
+    return len(draft_tokens), p[len(draft_tokens)].sample(rng)

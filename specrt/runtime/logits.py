@@ -1,0 +1,274 @@
+"""What a row of logits means: the warped next-token distribution, held on the ids that carry its mass.
+
+The dense float64 functions (:func:`~specrt.runtime.sampling.probs_from_logits`, ``sample``,
+:func:`~specrt.runtime.verify.verify_chain`) are the reference. This module decides the same kept sets
+and draws the same ids for the same uniforms, without [N, V] float64 rows on the hot path:
+
+- greedy is one argmax per row, a point distribution;
+- top-k is a partial selection, softmax over the k kept logits only;
+- top-p is exact (the sort-based kept set, ties broken by lower id) from a candidate block whose mass
+  is checked to reach top-p; only a block too light for that falls back to the full sort;
+- temperature alone keeps every id: one float32 exp over the row, and a two-level inverse CDF
+  (block sums, then one block) instead of a cumulative sum over the whole vocabulary;
+- :class:`LogitRows` warps a row only when asked, so verification never touches rows past the first
+  rejection, and ``max(0, p - q)`` is built for the rejected row alone (:func:`residual`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .sampling import SamplingConfig
+
+# Below this residual mass p and q are equal to rounding; p itself is the limit of norm(max(0, p - q)).
+MIN_RESIDUAL_MASS = 1e-12
+_BLOCK = 1024  # ids per block of the two-level inverse CDF over a full row
+# Top-p candidate blocks: ids within this many nats of the best logit, widened until the block holds
+# top-p of the mass; past _MAX_CANDIDATE_SHARE of the row the full sort is cheaper than more tries.
+_TOP_P_SPANS = (8.0, 16.0, 32.0)
+_MAX_CANDIDATE_SHARE = 0.125
+
+
+class Dist:
+    """A next-token distribution over ``vocab`` ids. ``ids`` (ascending int64) carry ``weights``
+    (unnormalised) and every other id has probability 0; ``ids is None`` means the weights cover the
+    ids 0..len(weights)-1 (a full row; ids past that have probability 0)."""
+
+    __slots__ = ("ids", "weights", "vocab", "total", "_blocks")
+
+    def __init__(self, ids: np.ndarray | None, weights: np.ndarray, vocab: int) -> None:
+        self.ids, self.weights, self.vocab = ids, weights, vocab
+        self._blocks: np.ndarray | None = None
+        if ids is None:
+            self._blocks = _block_cdf(weights)  # the total, and the first level of the inverse CDF
+            self.total = float(self._blocks[-1])
+        else:
+            self.total = float(weights.sum(dtype=np.float64))
+        if not self.total > 0:
+            raise ValueError("a distribution needs positive mass")
+
+    @classmethod
+    def point(cls, token: int, vocab: int) -> "Dist":
+        return cls(np.array([token], np.int64), np.ones(1), vocab)
+
+    @classmethod
+    def from_probs(cls, probs: np.ndarray) -> "Dist":
+        """A dense probability vector (any scale) as a Dist on its non-zero ids."""
+        probs = np.asarray(probs, np.float64)
+        ids = np.flatnonzero(probs > 0)
+        return cls(ids, probs[ids], len(probs))
+
+    @property
+    def is_point(self) -> bool:
+        return self.ids is not None and len(self.ids) == 1
+
+    @property
+    def support_size(self) -> int:
+        return len(self.weights) if self.ids is None else len(self.ids)
+
+    def prob(self, token: int) -> float:
+        if self.ids is None:
+            return float(self.weights[token]) / self.total if token < len(self.weights) else 0.0
+        i = int(np.searchsorted(self.ids, token))
+        return float(self.weights[i]) / self.total if i < len(self.ids) and self.ids[i] == token else 0.0
+
+    def probs_of(self, tokens: np.ndarray) -> np.ndarray:
+        """Probabilities of ``tokens`` (float64)."""
+        tokens = np.asarray(tokens, np.int64)
+        if self.ids is None:
+            inside = tokens < len(self.weights)
+            out = np.zeros(len(tokens))
+            out[inside] = self.weights[tokens[inside]]
+            return out / self.total
+        i = np.minimum(np.searchsorted(self.ids, tokens), len(self.ids) - 1)
+        return np.where(self.ids[i] == tokens, self.weights[i], 0.0) / self.total
+
+    def dense(self) -> np.ndarray:
+        """float64 [vocab], normalised: for the reference path, statistics and tests, not the hot path."""
+        out = np.zeros(self.vocab)
+        if self.ids is None:
+            out[:len(self.weights)] = self.weights
+        else:
+            out[self.ids] = self.weights
+        return out / self.total
+
+    def sample(self, rng: np.random.Generator) -> int:
+        """Inverse CDF over ids in ascending order with ONE uniform, as the reference ``sample`` draws."""
+        x = rng.random() * self.total
+        if self.ids is not None:
+            if len(self.ids) == 1:
+                return int(self.ids[0])
+            cdf = np.cumsum(self.weights, dtype=np.float64)
+            return int(self.ids[_last_with_mass(self.weights, np.searchsorted(cdf, x, side="right"))])
+        b = int(min(np.searchsorted(self._blocks, x, side="right"), len(self._blocks) - 1))
+        start = b * _BLOCK
+        block = self.weights[start:start + _BLOCK]
+        below = self._blocks[b - 1] if b else 0.0
+        j = np.searchsorted(np.cumsum(block, dtype=np.float64), x - below, side="right")
+        if j >= len(block) or block[j] == 0:  # rounding past the block's last id with mass
+            j = _last_with_mass(block, j)
+        return start + int(j)
+
+    def top(self, n: int) -> np.ndarray:
+        """The ``n`` most likely ids, most likely first, ties to the lower id (a stable sort's order)."""
+        if self.ids is None:
+            return top_ids(self.weights, n)
+        return self.ids[top_ids(self.weights, n)]
+
+
+def _block_cdf(weights: np.ndarray) -> np.ndarray:
+    """Cumulative float64 sums of consecutive blocks of ``_BLOCK`` weights (float64 sums: the draw then
+    agrees with the reference's float64 cumulative sum to rounding, not to float32's 1e-7)."""
+    n = len(weights) // _BLOCK * _BLOCK
+    sums = weights[:n].reshape(-1, _BLOCK).sum(axis=1, dtype=np.float64)
+    if n < len(weights):
+        sums = np.append(sums, weights[n:].sum(dtype=np.float64))
+    return np.cumsum(sums)
+
+
+def _last_with_mass(weights: np.ndarray, j: int) -> int:
+    """Index j clipped into ``weights`` and moved back to an entry with mass (floating-point edge)."""
+    j = min(int(j), len(weights) - 1)
+    while j > 0 and weights[j] == 0:
+        j -= 1
+    return j
+
+
+def top_ids(values: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` largest values, largest first, ties to the lower index, by partial
+    selection: the same as ``np.argsort(-values, kind="stable")[:n]`` without sorting everything."""
+    if n >= len(values):
+        return np.argsort(-values, kind="stable")
+    kth = np.partition(values, -n)[-n]
+    above = np.flatnonzero(values > kth)
+    chosen = np.concatenate([above, np.flatnonzero(values == kth)[:n - len(above)]])
+    return chosen[np.argsort(-values[chosen], kind="stable")]
+
+
+def top_k_support(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids whose logit is >= the k-th largest (ties at the boundary all kept, as the reference
+    masks ``z < kth``). Selected on the raw logits: dividing float32 values by a temperature in
+    float64 keeps their order and their ties, so the kept set is the reference's."""
+    return np.flatnonzero(logits >= np.partition(logits, -k)[-k])
+
+
+def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Boolean mask over ``p`` (ids ascending) of the tokens top-p keeps: sorted by probability (ties
+    to the lower id), a token is dropped when the mass before it already reaches top_p."""
+    order = np.argsort(-p, kind="stable")
+    sorted_p = p[order]
+    keep = np.empty(len(p), bool)
+    keep[order] = (np.cumsum(sorted_p) - sorted_p) < top_p
+    return keep
+
+
+def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float) -> np.ndarray:
+    """exp((logits - max) / T) in float32, in one buffer: the only pass over a whole row."""
+    w = np.subtract(logits, top, dtype=np.float32)
+    w *= np.float32(1.0 / temperature)
+    return np.exp(w, out=w)
+
+
+def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int) -> Dist:
+    """Top-p over a whole row, exact.
+
+    Every id outside a candidate block {z >= max z - span} has lower probability than every id inside
+    it, so it sorts after all of them and the mass before it is at least the block's mass: when the
+    block holds top_p of the mass, nothing outside it is kept and the kept set is decided inside."""
+    top = logits.max()
+    w = _exp_scaled(logits, top, temperature)
+    total = float(_block_cdf(w)[-1])
+    for span in _TOP_P_SPANS:
+        ids = np.flatnonzero(logits >= top - np.float32(span * temperature))
+        if len(ids) > _MAX_CANDIDATE_SHARE * len(logits):
+            break
+        p = w[ids].astype(np.float64) / total
+        if p.sum() >= top_p:
+            keep = _top_p_keep(p, top_p)
+            return Dist(ids[keep], p[keep], vocab)
+    p = w.astype(np.float64) / total  # a flat row: the full sort, as the reference does it
+    ids = np.flatnonzero(_top_p_keep(p, top_p))
+    return Dist(ids, p[ids], vocab)
+
+
+def warp(logits: np.ndarray, cfg: SamplingConfig, vocab: int) -> Dist:
+    """One row of logits [V'] (float32, V' may differ from ``vocab``) → the distribution the reference
+    ``probs_from_logits`` gives: greedy one-hot, then temperature, top-k, top-p."""
+    if cfg.greedy:
+        return Dist.point(int(np.argmax(logits)), vocab)
+    if 0 < cfg.top_k < len(logits):
+        ids = top_k_support(logits, cfg.top_k)
+        z = logits[ids].astype(np.float64) / cfg.temperature  # the reference's float64 values
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if cfg.top_p < 1.0:
+            keep = _top_p_keep(p, cfg.top_p)
+            ids, p = ids[keep], p[keep]
+        return Dist(ids, p, vocab)
+    if cfg.top_p < 1.0:
+        return _top_p_full(logits, cfg.temperature, cfg.top_p, vocab)
+    return Dist(None, _exp_scaled(logits, logits.max(), cfg.temperature), vocab)
+
+
+def residual(p: Dist, q: Dist) -> Dist:
+    """norm(max(0, p - q)): what to sample after rejecting a token drawn from q. Its support is inside
+    p's, so a sparse p gives a sparse residual; a full p costs one float64 row, once per rejection."""
+    if p.ids is not None:
+        r = np.maximum(p.probs_of(p.ids) - q.probs_of(p.ids), 0.0)
+        return p if r.sum() < MIN_RESIDUAL_MASS else Dist(p.ids, r, p.vocab)
+    r = p.weights.astype(np.float64) / p.total
+    if q.ids is None:
+        n = min(len(r), len(q.weights))
+        r[:n] -= np.divide(q.weights[:n], q.total, dtype=np.float64)
+    else:
+        inside = q.ids[q.ids < len(r)]
+        r[inside] -= q.probs_of(inside)
+    np.maximum(r, 0.0, out=r)
+    return p if r.sum() < MIN_RESIDUAL_MASS else Dist(None, r, p.vocab)
+
+
+def overlap(p: Dist, q: Dist) -> float:
+    """beta = sum_x min(p(x), q(x)), the acceptance probability of one drafted token; min(p, q) is 0
+    outside the smaller support, so only that support is read."""
+    if p.ids is None and q.ids is None:
+        n = min(len(p.weights), len(q.weights))
+        return float(np.minimum(np.divide(p.weights[:n], p.total, dtype=np.float64),
+                                np.divide(q.weights[:n], q.total, dtype=np.float64)).sum())
+    ids = p.ids if q.ids is None or (p.ids is not None and len(p.ids) <= len(q.ids)) else q.ids
+    return float(np.minimum(p.probs_of(ids), q.probs_of(ids)).sum())
+
+
+class LogitRows:
+    """The last rows of one forward pass, warped on demand: row i's :class:`Dist` is built the first
+    time it is asked for, so rows that verification never reaches cost nothing.
+
+    The logits are the backend's output buffer, valid until the same decoder runs again; ``valid``
+    says whether that is still so, and reading a stale row raises instead of returning garbage."""
+
+    def __init__(self, logits: np.ndarray, sampling: SamplingConfig, vocab: int,
+                 valid: Callable[[], bool] = lambda: True) -> None:
+        self.logits, self.sampling, self.vocab, self._valid = logits, sampling, vocab, valid
+        self._dists: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def _row(self, i: int) -> np.ndarray:
+        if not self._valid():
+            raise RuntimeError("these logits were overwritten by a later forward pass of the same model")
+        row = self.logits[i]
+        return row[:self.vocab] if len(row) > self.vocab else row  # a padded embedding's extra ids
+
+    def __getitem__(self, i: int) -> Dist:
+        if i < 0:
+            i += len(self)
+        d = self._dists.get(i)
+        if d is None:
+            d = self._dists[i] = warp(self._row(i), self.sampling, self.vocab)
+        return d
+
+    def top(self, i: int, n: int) -> list[int]:
+        """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config)."""
+        return top_ids(self._row(i), n).tolist()

@@ -1,0 +1,212 @@
+"""The fast logits path against the dense float64 reference: same kept sets, same draws, same decisions
+for the same uniforms, at real vocabulary sizes; and exactness at V >= 100k, checked statistically."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrt.runtime.logits import Dist, LogitRows, overlap, residual, top_ids, warp
+from specrt.runtime.sampling import SamplingConfig, probs_from_logits, sample
+from specrt.runtime.verify import accept_chain, verify_chain
+from specrt.runtime.verify import residual as dense_residual
+from specrt.theory import acceptance_rate
+
+QWEN2_VOCAB = 151_936
+CONFIGS = [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_p=0.9),
+           SamplingConfig(temperature=0.7, top_k=50), SamplingConfig(temperature=1.3, top_k=40, top_p=0.8),
+           SamplingConfig(temperature=1.0, top_p=0.5), SamplingConfig(temperature=0.5, top_k=1)]
+
+
+def logits_row(kind: str, v: int, rng: np.random.Generator) -> np.ndarray:
+    """float32 logits shaped like a model's: 'peaked' (a trained model: a few ids far above a noisy
+    floor, mean entropy of a few nats), 'flat' (random weights: nearly uniform), 'ties' (integer
+    logits: many exactly equal values at every boundary)."""
+    if kind == "peaked":
+        z = rng.standard_normal(v)
+        k = min(24, v // 2)
+        z[rng.choice(v, k, replace=False)] += rng.uniform(9, 15, k)
+    elif kind == "flat":
+        z = rng.standard_normal(v) * 0.05
+    else:
+        z = np.round(rng.standard_normal(v) * 1.5)
+        z[rng.choice(v, min(8, v // 2), replace=False)] = z.max()  # tied maxima too
+    return z.astype(np.float32)
+
+
+@pytest.mark.parametrize("v", [7, 4096, QWEN2_VOCAB])
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+def test_warp_keeps_the_reference_set_with_the_reference_probabilities(v, kind):
+    rng = np.random.default_rng(v + len(kind))
+    for cfg in CONFIGS:
+        row = logits_row(kind, v, rng)
+        fast = warp(row, cfg, v)
+        ref = probs_from_logits(row[None], cfg)[0]
+        assert np.array_equal(np.flatnonzero(fast.dense()), np.flatnonzero(ref)), cfg
+        np.testing.assert_allclose(fast.dense(), ref, rtol=2e-6, atol=1e-12, err_msg=str(cfg))
+
+
+def test_top_p_takes_the_candidate_block_on_peaked_rows_and_the_full_sort_on_flat_ones():
+    rng = np.random.default_rng(0)
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9)
+    peaked = warp(logits_row("peaked", QWEN2_VOCAB, rng), cfg, QWEN2_VOCAB)
+    flat = warp(logits_row("flat", QWEN2_VOCAB, rng), cfg, QWEN2_VOCAB)
+    assert peaked.support_size < 1000  # decided inside a small block
+    assert flat.support_size > QWEN2_VOCAB // 2  # ~90 % of a flat row: only the full sort decides it
+
+
+def test_vocab_width_differs_from_the_logits_row():
+    rng = np.random.default_rng(1)
+    row = logits_row("peaked", 100, rng)
+    wide = LogitRows(row[None], SamplingConfig(temperature=1.0), vocab=120)[0]  # padded draft head
+    assert wide.dense().shape == (120,) and wide.dense()[100:].sum() == 0
+    np.testing.assert_allclose(wide.dense()[:100], probs_from_logits(row[None], SamplingConfig(1.0))[0], rtol=2e-6)
+    cut = LogitRows(row[None], SamplingConfig(temperature=1.0), vocab=90)[0]  # extra padded ids dropped
+    np.testing.assert_allclose(cut.dense(), probs_from_logits(row[None, :90], SamplingConfig(1.0))[0], rtol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+def test_draws_equal_the_reference_inverse_cdf_for_the_same_uniforms(kind):
+    rng = np.random.default_rng(2)
+    for v in (5, 3000, QWEN2_VOCAB):
+        for cfg in CONFIGS[1:]:
+            d = warp(logits_row(kind, v, rng), cfg, v)
+            dense = d.dense()
+            for seed in range(40 if v == QWEN2_VOCAB else 200):
+                a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+                assert d.sample(a) == sample(dense, b), (v, cfg, seed)
+                assert a.random() == b.random()  # one uniform per draw, as the reference
+
+
+def test_top_ids_is_a_stable_sort_prefix():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        values = np.round(rng.standard_normal(rng.integers(1, 300)) * 2).astype(np.float32)  # many ties
+        n = int(rng.integers(1, len(values) + 2))
+        assert top_ids(values, n).tolist() == np.argsort(-values, kind="stable")[:n].tolist()
+
+
+def _random_dist(rng: np.random.Generator, v: int) -> Dist:
+    kind = rng.choice(["peaked", "flat", "ties"])
+    cfg = CONFIGS[int(rng.integers(len(CONFIGS)))]
+    return warp(logits_row(kind, v, rng), cfg, v)
+
+
+def _related(p_row: np.ndarray, rng: np.random.Generator, cfg: SamplingConfig, v: int) -> Dist:
+    """A draft's q: the target's logits perturbed, warped with the SAME config (as the loop does)."""
+    return warp((p_row + rng.standard_normal(v).astype(np.float32) * rng.uniform(0, 2)).astype(np.float32), cfg, v)
+
+
+@pytest.mark.parametrize("v,cases", [(8, 3000), (300, 1500), (QWEN2_VOCAB, 120)])
+def test_accept_chain_decides_as_verify_chain_for_the_same_uniforms(v, cases):
+    """Same accepted count, same next token and the same number of uniforms consumed, on random
+    chains: peaked, flat and tied rows; greedy, temperature, top-k, top-p; point q (n-gram drafts)."""
+    rng = np.random.default_rng(v)
+    for case in range(cases):
+        cfg = CONFIGS[case % len(CONFIGS)]
+        gamma = int(rng.integers(0, 5))
+        rows = [logits_row(rng.choice(["peaked", "flat", "ties"]), v, rng) for _ in range(gamma + 1)]
+        p = [warp(r, cfg, v) for r in rows]
+        if case % 5 == 4:  # a deterministic drafter: q is a point at a guessed token
+            tokens = [int(rng.integers(v)) for _ in range(gamma)]
+            q = [Dist.point(t, v) for t in tokens]
+        else:
+            q = [_related(r, rng, cfg, v) for r in rows[:gamma]]
+            tokens = [d.sample(rng) for d in q]
+        seed = int(rng.integers(1 << 30))
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        dense_q = np.array([d.dense() for d in q]).reshape(gamma, v)
+        expected = verify_chain(np.array([d.dense() for d in p]), dense_q, tokens, b)
+        assert accept_chain(p, q, tokens, a) == expected, (case, cfg)
+        assert a.random() == b.random()
+
+
+def test_residual_and_overlap_equal_the_dense_formulas():
+    rng = np.random.default_rng(4)
+    for v in (6, 500, QWEN2_VOCAB):
+        for _ in range(30 if v == QWEN2_VOCAB else 300):
+            p, q = _random_dist(rng, v), _random_dist(rng, v)
+            np.testing.assert_allclose(residual(p, q).dense(), dense_residual(p.dense(), q.dense()), atol=1e-12)
+            assert overlap(p, q) == pytest.approx(acceptance_rate(p.dense(), q.dense()), abs=1e-9)
+            assert overlap(p, p) == pytest.approx(1.0)
+            assert residual(p, p) is p  # no residual mass: p itself
+
+
+def test_rows_are_warped_only_when_read_and_never_once_stale():
+    rng = np.random.default_rng(5)
+    logits = np.stack([logits_row("peaked", 1000, rng) for _ in range(5)])
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9)
+    valid = [True]
+    rows = LogitRows(logits, cfg, 1000, valid=lambda: valid[0])
+    # A first draft token the target gives no mass to is rejected at once: rows 1..4 are never warped.
+    first = rows[0]
+    x = int(np.flatnonzero(first.dense() == 0)[0])
+    n, _ = accept_chain(rows, [Dist.point(x, 1000)] * 4, [x] * 4, rng)
+    assert n == 0 and set(rows._dists) == {0}
+    valid[0] = False  # the decoder ran again: its output buffer holds other logits now
+    with pytest.raises(RuntimeError, match="overwritten"):
+        rows[1]
+
+
+def _bucketed_tv(tokens: np.ndarray, p: np.ndarray, top: int = 24) -> tuple[float, float]:
+    """TV between empirical and p over the ``top`` most likely ids plus one bucket for the rest (a 152k
+    vocabulary has far more ids than draws); returns (tv, bound) with the bound of test_verify."""
+    ids = np.argsort(-p, kind="stable")[:top]
+    index = np.full(len(p), top)
+    index[ids] = np.arange(top)
+    probs = np.append(p[ids], max(0.0, 1 - p[ids].sum()))
+    counts = np.bincount(index[tokens], minlength=top + 1)
+    return 0.5 * float(np.abs(counts / counts.sum() - probs).sum()), float(np.sqrt((top + 1) / len(tokens)))
+
+
+def _large_vocab_case(cfg: SamplingConfig, seed: int) -> tuple[list[Dist], list[Dist]]:
+    """Peaked target rows and draft rows whose peaks sit partly elsewhere: plenty of rejections."""
+    rng = np.random.default_rng(seed)
+    v = QWEN2_VOCAB
+    p_rows = [logits_row("peaked", v, rng) for _ in range(3)]
+    q_rows = []
+    for r in p_rows:
+        q = r.copy()
+        q[np.argsort(-r)[:3]] -= 2.0  # the draft underrates the target's favourites ...
+        q[rng.choice(v, 6, replace=False)] += 7.0  # ... and likes ids the target does not
+        q_rows.append(q)
+    return [warp(r, cfg, v) for r in p_rows], [warp(r, cfg, v) for r in q_rows]
+
+
+def _chains(p: list[Dist], q: list[Dist], n: int, rng, rule=accept_chain) -> np.ndarray:
+    """First two emitted tokens of n speculative runs with γ = 1 from context-independent rows."""
+    out = np.empty((n, 2), np.int64)
+    for i in range(n):
+        x = q[0].sample(rng)
+        k, nxt = rule(p[:2], q[:1], [x], rng)
+        out[i] = [x, nxt] if k == 1 else [nxt, p[1].sample(rng)]  # after a rejection, position 1 from p
+    return out
+
+
+LARGE_N = 12_000
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_p=0.9),
+                                 SamplingConfig(temperature=0.8, top_k=50)], ids=["T1", "top_p", "top_k"])
+def test_speculation_at_a_152k_vocabulary_emits_the_target_distribution(cfg):
+    p, q = _large_vocab_case(cfg, seed=11)
+    rng = np.random.default_rng(12)
+    runs = _chains(p, q, LARGE_N, rng)
+    assert 0.2 < overlap(p[0], q[0]) < 0.8  # rejections are common: the residual really matters
+    for t in range(2):
+        tv, bound = _bucketed_tv(runs[:, t], p[t].dense())
+        assert tv < bound, (t, tv, bound)
+
+
+def test_the_large_vocabulary_check_catches_a_biased_sampler():
+    def biased(p, q, tokens, rng):  # on rejection, resample from p instead of norm(max(0, p - q))
+        x = tokens[0]
+        if rng.random() * q[0].prob(x) < p[0].prob(x):
+            return 1, p[1].sample(rng)
+        return 0, p[0].sample(rng)
+
+    cfg = SamplingConfig(temperature=0.8, top_p=0.9)
+    p, q = _large_vocab_case(cfg, seed=11)
+    runs = _chains(p, q, LARGE_N, np.random.default_rng(12), rule=biased)
+    tv, bound = _bucketed_tv(runs[:, 0], p[0].dense())
+    assert tv > bound, (tv, bound)
