@@ -16,6 +16,7 @@ from typing import Callable
 from . import theory
 from .errors import ConfigError, SpecrtError
 from .runtime.generator import SpeculativeGenerator
+from .runtime.sampling import SamplingConfig
 from .runtime.tree import TreeShape
 
 
@@ -52,10 +53,13 @@ class BenchConfig:
     repeats: int = 3
     gamma: int | str = 4
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
     tree: TreeShape = TreeShape()
     seed: int = 0  # repeat r samples with seed + r
 
     def __post_init__(self) -> None:
+        SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
         if "none" not in self.methods:
             raise ConfigError("methods must include 'none': every speedup is measured against it")
         if self.repeats < 1 or self.max_new_tokens < 1:
@@ -73,12 +77,14 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
-                                  temperature=cfg.temperature, seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
+                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                  seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
             outputs.setdefault(method, [s.token_ids for s in stats])
             runs[method].append(_aggregate([s.stats for s in stats]))
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
                          "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
-                         "prompts": len(prompts),
+                         "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts),
+                         "vocab": gen.manifest.target.dims.vocab_size,
                          "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle)},
               "methods": {}}
     base = statistics.median(x["tokens_per_second"] for x in runs["none"])
@@ -126,6 +132,11 @@ def _aggregate(stats: list) -> dict:
         "share_draft": draft_s / total, "share_verify": verify_s / total,
         "share_prefill": sum(s.prefill_s for s in stats) / total,
         "share_host": sum(s.other_s for s in stats) / total,
+        # Host work per token: everything outside the engines' forward calls (warping, sampling,
+        # acceptance, cache bookkeeping, detokenising), across draft and target.
+        "host_ms_per_token": 1000 * sum(s.host_s for s in stats) / tokens,
+        "share_engine": sum(s.engine_s for s in stats) / total,
+        "d2h_bytes_per_target_pass": statistics.mean(s.d2h_bytes_per_target_pass for s in stats),
     }
 
 

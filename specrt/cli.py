@@ -193,7 +193,9 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
 @click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v))
-@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 @click.option("--threads", type=int, default=None)
 @click.option("--compare", type=click.Choice(["hf"]), default=None,
@@ -205,17 +207,20 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
 @_domain_errors
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
           max_new_tokens: int,
-          repeats: int, gamma: int | str, temperature: float, json_out: str | None, threads: int | None,
+          repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, json_out: str | None,
+          threads: int | None,
           compare: str | None, hf_target: str | None, hf_draft: str | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
-    time split (draft / verify / prefill / host) and, for greedy runs, whether every method produced
-    the same tokens as plain decoding.
+    time split (draft / verify / prefill / host), the host work per generated token (everything
+    outside the engines' forward calls) and, for greedy runs, whether every method produced the same
+    tokens as plain decoding. Sampling settings apply to every method alike.
 
     \b
-    Example:
+    Examples:
       specrt bench --bundle bundle --methods none,draft,ngram --repeats 3 --json bench.json
+      specrt bench --bundle bundle --methods none,draft --temperature 0.8 --top-p 0.9
     """
     import json
 
@@ -227,7 +232,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
 
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
-                      tree=TreeShape.parse(tree_shape))
+                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape))
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     gen = load(bundle, threads=threads)
     from rich.console import Console

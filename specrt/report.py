@@ -36,7 +36,11 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
     if measured_speedup is not None:
         t.add_row("measured speedup", f"{measured_speedup:.2f}x", "vs --method none, same prompt and backend")
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
-              f"verify {st.verify_s * 1000:.0f} ms · host {st.other_s * 1000:.0f} ms")
+              f"verify {st.verify_s * 1000:.0f} ms · other {st.other_s * 1000:.0f} ms")
+    t.add_row("host time per token", f"{st.host_ms_per_token:.3f} ms",
+              f"outside the engines' forward calls; engines {st.engine_s * 1000:.0f} ms in all")
+    t.add_row("device→host per target pass", f"{st.d2h_bytes_per_target_pass / 1e3:.1f} KB",
+              "logits + hidden rows copied from the GPU (0 where outputs land in host memory)")
     console = Console(stderr=True)
     console.print(t)
     if lossy:
@@ -48,17 +52,20 @@ def print_bench(result: dict) -> None:
     from rich.table import Table
 
     cfg = result["config"]
-    t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · "
+    sampling = ("greedy" if not cfg["temperature"] else f"T {cfg['temperature']}"
+                + (f" top-k {cfg['top_k']}" if cfg.get("top_k") else "")
+                + (f" top-p {cfg['top_p']}" if cfg.get("top_p", 1.0) < 1 else ""))
+    t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · {sampling} · "
                     f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
     for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "verify cost", "predicted",
-                "draft/verify/host", "= none"):
+                "draft/verify/other", "host ms/token", "= none"):
         t.add_column(col, justify="right")
     for method, r in result["methods"].items():
         split = f"{r['share_draft']:.0%}/{r['share_verify']:.0%}/{r['share_host']:.0%}"
         same = {True: "yes", False: "NO", None: "-"}[r.get("greedy_matches_none")]
         t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x",
                   f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]), f"{r['verify_cost']:.2f}",
-                  _fmt(r["predicted_speedup"], ".2f"), split, same)
+                  _fmt(r["predicted_speedup"], ".2f"), split, _fmt(r.get("host_ms_per_token"), ".3f"), same)
     import sys
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # pipes and files get the whole table

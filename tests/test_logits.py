@@ -20,9 +20,12 @@ CONFIGS = [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(tem
 
 def logits_row(kind: str, v: int, rng: np.random.Generator) -> np.ndarray:
     """float32 logits shaped like a model's: 'peaked' (a trained model: a few ids far above a noisy
-    floor, mean entropy of a few nats), 'flat' (random weights: nearly uniform), 'ties' (integer
-    logits: many exactly equal values at every boundary)."""
-    if kind == "peaked":
+    floor, mean entropy of a few nats), 'gaussian' (a random model whose final norm was scaled up: a
+    wide bell whose top ids lead by a few units), 'flat' (random weights: nearly uniform), 'ties'
+    (integer logits: many exactly equal values at every boundary)."""
+    if kind == "gaussian":
+        z = rng.standard_normal(v) * 3.8
+    elif kind == "peaked":
         z = rng.standard_normal(v)
         k = min(24, v // 2)
         z[rng.choice(v, k, replace=False)] += rng.uniform(9, 15, k)
@@ -35,7 +38,7 @@ def logits_row(kind: str, v: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @pytest.mark.parametrize("v", [7, 4096, QWEN2_VOCAB])
-@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("kind", ["peaked", "gaussian", "flat", "ties"])
 def test_warp_keeps_the_reference_set_with_the_reference_probabilities(v, kind):
     rng = np.random.default_rng(v + len(kind))
     for cfg in CONFIGS:
@@ -46,13 +49,24 @@ def test_warp_keeps_the_reference_set_with_the_reference_probabilities(v, kind):
         np.testing.assert_allclose(fast.dense(), ref, rtol=2e-6, atol=1e-12, err_msg=str(cfg))
 
 
-def test_top_p_takes_the_candidate_block_on_peaked_rows_and_the_full_sort_on_flat_ones():
+def test_top_p_decides_peaked_rows_from_a_bracket_and_others_from_one_exp_pass(monkeypatch):
+    import specrt.runtime.logits as L
+
+    passes = []
+    exp_scaled = L._exp_scaled
+    monkeypatch.setattr(L, "_exp_scaled", lambda *a: passes.append(len(a[0])) or exp_scaled(*a))
     rng = np.random.default_rng(0)
-    cfg = SamplingConfig(temperature=1.0, top_p=0.9)
-    peaked = warp(logits_row("peaked", QWEN2_VOCAB, rng), cfg, QWEN2_VOCAB)
-    flat = warp(logits_row("flat", QWEN2_VOCAB, rng), cfg, QWEN2_VOCAB)
-    assert peaked.support_size < 1000  # decided inside a small block
-    assert flat.support_size > QWEN2_VOCAB // 2  # ~90 % of a flat row: only the full sort decides it
+    # A peaked row at T 0.5: its floor weighs ~1e-6 of the top, the bracket decides. A wide bell at
+    # T 1: the tail's bound is too loose, one exp pass. A flat row: that pass, then the full sort.
+    for kind, t, passes_expected, support in (("peaked", 0.5, 0, (1, 100)), ("gaussian", 1.0, 1, (1, 5000)),
+                                              ("flat", 1.0, 1, (QWEN2_VOCAB // 2, QWEN2_VOCAB))):
+        cfg = SamplingConfig(temperature=t, top_p=0.9)
+        passes.clear()
+        row = logits_row(kind, QWEN2_VOCAB, rng)
+        d = warp(row, cfg, QWEN2_VOCAB)
+        assert [n for n in passes if n == QWEN2_VOCAB] == [QWEN2_VOCAB] * passes_expected, kind
+        assert support[0] <= d.support_size <= support[1], (kind, d.support_size)  # flat: the full sort
+        assert np.array_equal(np.flatnonzero(d.dense()), np.flatnonzero(probs_from_logits(row[None], cfg)[0]))
 
 
 def test_vocab_width_differs_from_the_logits_row():
@@ -65,7 +79,7 @@ def test_vocab_width_differs_from_the_logits_row():
     np.testing.assert_allclose(cut.dense(), probs_from_logits(row[None, :90], SamplingConfig(1.0))[0], rtol=2e-6)
 
 
-@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("kind", ["peaked", "gaussian", "flat", "ties"])
 def test_draws_equal_the_reference_inverse_cdf_for_the_same_uniforms(kind):
     rng = np.random.default_rng(2)
     for v in (5, 3000, QWEN2_VOCAB):
@@ -87,7 +101,7 @@ def test_top_ids_is_a_stable_sort_prefix():
 
 
 def _random_dist(rng: np.random.Generator, v: int) -> Dist:
-    kind = rng.choice(["peaked", "flat", "ties"])
+    kind = rng.choice(["peaked", "gaussian", "flat", "ties"])
     cfg = CONFIGS[int(rng.integers(len(CONFIGS)))]
     return warp(logits_row(kind, v, rng), cfg, v)
 
@@ -105,7 +119,7 @@ def test_accept_chain_decides_as_verify_chain_for_the_same_uniforms(v, cases):
     for case in range(cases):
         cfg = CONFIGS[case % len(CONFIGS)]
         gamma = int(rng.integers(0, 5))
-        rows = [logits_row(rng.choice(["peaked", "flat", "ties"]), v, rng) for _ in range(gamma + 1)]
+        rows = [logits_row(rng.choice(["peaked", "gaussian", "flat", "ties"]), v, rng) for _ in range(gamma + 1)]
         p = [warp(r, cfg, v) for r in rows]
         if case % 5 == 4:  # a deterministic drafter: q is a point at a guessed token
             tokens = [int(rng.integers(v)) for _ in range(gamma)]

@@ -20,6 +20,13 @@ from ..runtime.kvcache import CacheLength
 from ..runtime.buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 
 
+def _output(logits, hidden) -> DecoderOutput:
+    """Logits (as float32) and hidden rows on the host, with what crossing from a GPU cost."""
+    out = DecoderOutput(logits=logits.float().cpu().numpy(), hidden=hidden.cpu().numpy())
+    if logits.device.type == "cpu":
+        return out
+    return DecoderOutput(out.logits, out.hidden, copied_bytes=out.logits.nbytes + out.hidden.nbytes)
+
 class TorchKVCache(CacheLength):
     """Static [1, max_context, H_kv, D] tensors per layer on the model's device; ``length`` is the truth."""
 
@@ -130,7 +137,7 @@ class TorchDecoder:
                                             t(mask, torch.bool), tuple(b[:, :past_len] for b in buffers))
         for buf, kv in zip(buffers, new):
             buf[:, past_len:past_len + q_len] = kv
-        return DecoderOutput(logits=logits[0].float().cpu().numpy(), hidden=hidden[0].cpu().numpy())
+        return _output(logits[0], hidden[0])
 
     def _replay(self, cache, input_ids, position_ids, mask, bucket: int) -> DecoderOutput:
         key = (id(cache), bucket)
@@ -143,5 +150,4 @@ class TorchDecoder:
         g.mask.copy_(torch.from_numpy(static_mask(mask, past_len, cache.max_context, bucket)))
         g.slots.copy_(torch.arange(past_len, past_len + bucket))
         g.graph.replay()
-        return DecoderOutput(logits=g.logits[0, :q_len].float().cpu().numpy(),
-                             hidden=g.hidden[0, :q_len].cpu().numpy())
+        return _output(g.logits[0, :q_len], g.hidden[0, :q_len])

@@ -36,36 +36,48 @@ def _check_gamma(gamma: int | str) -> int | str:
 
 
 class _TextTracker:
-    """Incremental detokenisation with stop strings: emits only text that is final."""
+    """Incremental detokenisation with stop strings: emits only text that is final.
+
+    Each push decodes only the ids since the last complete piece plus the piece before it (decoders
+    such as SentencePiece's drop a leading space at the start of what they decode, so the previous
+    piece gives the new one its context): the work per push does not grow with the generation."""
 
     def __init__(self, tokenizer, stop: Sequence[str]) -> None:
         self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
         self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] decode to the end of self.text: the context for what follows
+        self.read = 0
         self.emitted = 0
         self.text = ""
         self.stopped = False
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        known = self._decode(self.ids[self.prefix:self.read])
+        longer = self._decode(self.ids[self.prefix:])
+        if len(longer) <= len(known) or longer.endswith("\ufffd"):
+            return ""  # nothing new yet, or a multi-byte character is still incomplete
+        searched_to = max(0, len(self.text) - max((len(s) - 1 for s in self.stop), default=0))
+        self.text += longer[len(known):]
+        self.prefix, self.read = self.read, len(self.ids)
+        cut = min((i for i in (self.text.find(s, searched_to) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
-            text, self.stopped = text[:cut], True
+            self.text, self.stopped = self.text[:cut], True
             self.ids = self._ids_covering(cut)
-        elif text.endswith("\ufffd"):
-            return ""  # a multi-byte character is still incomplete
-        self.text = text
         # Hold back a tail that could still become a stop string.
         hold = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)
-        upto = max(self.emitted, len(text) - hold)
-        delta, self.emitted = text[self.emitted:upto], upto
+        upto = max(self.emitted, len(self.text) - hold)
+        delta, self.emitted = self.text[self.emitted:upto], upto
         return delta
 
     def _ids_covering(self, n_chars: int) -> list[int]:
         """The shortest prefix of the ids whose text reaches ``n_chars``: the tokens past a stop string are
         not part of the result (the stop usually falls in the last chunk, so this decodes a few prefixes)."""
         k = len(self.ids)
-        while k > 0 and len(self.tokenizer.decode(self.ids[:k - 1], skip_special_tokens=True)) >= n_chars:
+        while k > 0 and len(self._decode(self.ids[:k - 1])) >= n_chars:
             k -= 1
         return self.ids[:k]
 
@@ -166,6 +178,7 @@ class SpeculativeGenerator:
         if tail:
             yield tail
         state.stats.engine_s = sum(m.forward_s for m in self._models.values())
+        state.stats.target_copied_bytes = state.target.copied_bytes
         self.last_result = GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
 
     def generate(self, prompt: str, **kwargs) -> GenerationResult:

@@ -25,9 +25,10 @@ from .sampling import SamplingConfig
 # Below this residual mass p and q are equal to rounding; p itself is the limit of norm(max(0, p - q)).
 MIN_RESIDUAL_MASS = 1e-12
 _BLOCK = 1024  # ids per block of the two-level inverse CDF over a full row
-# Top-p candidate blocks: ids within this many nats of the best logit, widened until the block holds
-# top-p of the mass; past _MAX_CANDIDATE_SHARE of the row the full sort is cheaper than more tries.
-_TOP_P_SPANS = (8.0, 16.0, 32.0)
+# Top-p candidate blocks: ids within this many nats of the best, widened until the block decides; past
+# _MAX_CANDIDATE_SHARE of the row one pass over all of it is cheaper.
+_SPANS = (8.0, 16.0, 32.0)
+_GROUP_ROWS = 64  # ids per group whose maximum is taken to skip groups that cannot reach a threshold
 _MAX_CANDIDATE_SHARE = 0.125
 
 
@@ -147,11 +148,72 @@ def top_ids(values: np.ndarray, n: int) -> np.ndarray:
     return chosen[np.argsort(-values[chosen], kind="stable")]
 
 
+class _Groups:
+    """A row viewed as ``_GROUP_ROWS`` x C (id = r * C + c) with each column's maximum: one vectorised
+    reduction that tells which columns can hold an id above a threshold, so only those are scanned.
+    The ``len % _GROUP_ROWS`` ids at the end form one extra group."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+        self.n = len(logits) // _GROUP_ROWS * _GROUP_ROWS
+        self.grid = logits[:self.n].reshape(_GROUP_ROWS, -1)
+        maxima = self.grid.max(axis=0)
+        self.maxima = np.append(maxima, logits[self.n:].max()) if self.n < len(logits) else maxima
+
+    def block(self, threshold, near, top, temperature: float) -> tuple[np.ndarray, float] | None:
+        """(ascending ids >= threshold, an upper bound of sum exp((z - top) / T) over all other ids).
+
+        Groups whose maximum reaches ``near`` (<= threshold) are read: their ids below the threshold
+        count exactly. Every other group counts as if all its ids weighed what its maximum weighs.
+        None when so many groups reach ``near`` that reading them costs a pass over the row."""
+        cols = np.flatnonzero(self.maxima >= near)
+        if len(cols) * _GROUP_ROWS > _MAX_CANDIDATE_SHARE * len(self.logits):
+            return None
+        width = self.grid.shape[1]
+        tail = len(cols) and cols[-1] == width
+        cols = cols[:-1] if tail else cols
+        read = self.grid[:, cols]
+        inside = read >= threshold
+        r, c = np.nonzero(inside)
+        ids = r * width + cols[c]
+        below = read[~inside]
+        if tail:
+            last = self.logits[self.n:]
+            ids = np.append(ids, self.n + np.flatnonzero(last >= threshold))
+            below = np.append(below, last[last < threshold])
+        far = self.maxima < near
+        sizes = np.where(np.arange(len(self.maxima)) < width, _GROUP_ROWS, len(self.logits) - self.n)[far]
+        slack = (np.exp((below.astype(np.float64) - float(top)) / temperature).sum()
+                 + sizes @ np.exp((self.maxima[far].astype(np.float64) - float(top)) / temperature))
+        return np.sort(ids), float(slack)
+
+    def at_least(self, threshold) -> np.ndarray:
+        """Ascending ids whose logit is >= threshold."""
+        cols = np.flatnonzero(self.maxima >= threshold)
+        if len(cols) * _GROUP_ROWS > _MAX_CANDIDATE_SHARE * len(self.logits):
+            return np.flatnonzero(self.logits >= threshold)  # most columns qualify: one pass is cheaper
+        width = self.grid.shape[1]
+        tail = len(cols) and cols[-1] == width  # the extra group of the last ids
+        cols = cols[:-1] if tail else cols
+        r, c = np.nonzero(self.grid[:, cols] >= threshold)
+        ids = r * width + cols[c]
+        if tail:
+            ids = np.append(ids, self.n + np.flatnonzero(self.logits[self.n:] >= threshold))
+        return np.sort(ids)
+
+
 def top_k_support(logits: np.ndarray, k: int) -> np.ndarray:
     """Ascending ids whose logit is >= the k-th largest (ties at the boundary all kept, as the reference
     masks ``z < kth``). Selected on the raw logits: dividing float32 values by a temperature in
-    float64 keeps their order and their ties, so the kept set is the reference's."""
-    return np.flatnonzero(logits >= np.partition(logits, -k)[-k])
+    float64 keeps their order and their ties, so the kept set is the reference's.
+
+    The k-th largest column maximum is a lower bound of the k-th largest logit (k columns each hold an
+    id at least that large), so the ids at or above it hold the whole top k and few others."""
+    groups = _Groups(logits)
+    if len(groups.maxima) < k:
+        return np.flatnonzero(logits >= np.partition(logits, -k)[-k])
+    near = groups.at_least(np.partition(groups.maxima, -k)[-k])
+    return near[logits[near] >= np.partition(logits[near], -k)[-k]]
 
 
 def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
@@ -171,24 +233,49 @@ def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float) -> np.n
     return np.exp(w, out=w)
 
 
+def _top_p_decided(w: np.ndarray, slack: float, top_p: float) -> np.ndarray | None:
+    """The kept mask over a candidate block of weights ``w`` when the row's total is only known to lie
+    in [sum(w), sum(w) + slack]; None when that bracket leaves the block or a candidate undecided."""
+    block = float(w.sum())
+    if block < top_p * (block + slack):
+        return None  # the block may hold less than top_p of the mass
+    order = np.argsort(-w, kind="stable")
+    before = np.empty(len(w))
+    before[order] = np.cumsum(w[order]) - w[order]
+    lo, hi = top_p * block, top_p * (block + slack)
+    return None if np.any((before >= lo) & (before < hi)) else before < lo
+
+
 def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int) -> Dist:
     """Top-p over a whole row, exact.
 
     Every id outside a candidate block {z >= max z - span} has lower probability than every id inside
     it, so it sorts after all of them and the mass before it is at least the block's mass: when the
-    block holds top_p of the mass, nothing outside it is kept and the kept set is decided inside."""
-    top = logits.max()
-    w = _exp_scaled(logits, top, temperature)
-    total = float(_block_cdf(w)[-1])
-    for span in _TOP_P_SPANS:
-        ids = np.flatnonzero(logits >= top - np.float32(span * temperature))
+    block holds top_p of the mass, nothing outside it is kept and the kept set is decided inside.
+    First try: the row's total bracketed by reading only the groups near the top and bounding the
+    rest by their maxima, no exp over the row (decides peaked rows, whose tail is far below the
+    top). Otherwise one float32 exp pass gives the total."""
+    groups = _Groups(logits)
+    top = groups.maxima.max()
+    span = _SPANS[0] * temperature
+    found = groups.block(top - np.float32(span), top - np.float32(2 * span), top, temperature)
+    if found is not None and len(found[0]) <= _MAX_CANDIDATE_SHARE * len(logits):
+        ids, slack = found
+        w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)  # the reference's weights
+        keep = _top_p_decided(w, slack, top_p)
+        if keep is not None:
+            return Dist(ids[keep], w[keep], vocab)
+    e = _exp_scaled(logits, top, temperature)
+    total = float(e.sum())
+    for span in _SPANS:
+        ids = groups.at_least(top - np.float32(span * temperature))
         if len(ids) > _MAX_CANDIDATE_SHARE * len(logits):
             break
-        p = w[ids].astype(np.float64) / total
+        p = e[ids].astype(np.float64) / total
         if p.sum() >= top_p:
             keep = _top_p_keep(p, top_p)
             return Dist(ids[keep], p[keep], vocab)
-    p = w.astype(np.float64) / total  # a flat row: the full sort, as the reference does it
+    p = e.astype(np.float64) / total  # a flat row: the full sort, as the reference does it
     ids = np.flatnonzero(_top_p_keep(p, top_p))
     return Dist(ids, p[ids], vocab)
 

@@ -7,7 +7,8 @@ import numpy as np
 
 def causal_mask(q_len: int, past_len: int) -> np.ndarray:
     """Every new token sees the whole past and the new tokens up to itself (a chain)."""
-    return np.tril(np.ones((q_len, past_len + q_len), dtype=bool), k=past_len)[None, None]
+    # key j is visible to new token i when j <= past_len + i: one comparison, no tril of a ones array
+    return (np.arange(past_len + q_len) <= np.arange(past_len, past_len + q_len)[:, None])[None, None]
 
 
 def tree_mask(parents: tuple[int, ...] | list[int], past_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,9 +39,11 @@ def speculation_mask(past_len: int, prefix_len: int, parents: tuple[int, ...] | 
     ``parents=()`` is the plain causal case.
     """
     m, n = prefix_len, len(parents)
+    positions = np.arange(past_len, past_len + m + n, dtype=np.int64)
+    if not n:
+        return causal_mask(m, past_len), positions
     mask = np.zeros((m + n, past_len + m + n), dtype=bool)
     mask[:m, : past_len + m] = causal_mask(m, past_len)[0, 0]
-    positions = np.arange(past_len, past_len + m + n, dtype=np.int64)
     if n:
         tree, depth = tree_mask(parents, past_len + m)
         mask[m:] = tree[0, 0]

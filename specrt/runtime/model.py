@@ -25,6 +25,7 @@ class CachedModel:
         self.vocab = vocab
         self.passes = 0
         self.forward_s = 0.0  # time inside the engine's forward calls; the rest of a step is host work
+        self.copied_bytes = 0  # device-to-host bytes of all outputs so far
         self._serial = 0
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
 
@@ -37,6 +38,7 @@ class CachedModel:
         t0 = time.perf_counter()
         out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
         self.forward_s += time.perf_counter() - t0
+        self.copied_bytes += out.copied_bytes
         self.cache.advance(q_len)
         self.passes += 1
         self._serial += 1  # never reset: tells rows of this pass from rows of any later one
@@ -55,4 +57,5 @@ class CachedModel:
     def reset(self) -> None:
         self.cache.truncate(0)
         self.passes = 0
+        self.copied_bytes = 0
         self.forward_s = 0.0

@@ -33,6 +33,7 @@ class StatsRecorder:
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
     engine_s: float = 0.0  # inside the models' forward calls (set by the caller, who owns the models)
+    target_copied_bytes: int = 0  # device-to-host bytes of the target's outputs (set by the caller)
     t_start: float = field(default_factory=time.perf_counter)
 
     @contextlib.contextmanager
@@ -74,6 +75,7 @@ class StatsRecorder:
             other_s=total - sum(self.seconds.values()),
             engine_s=self.engine_s, host_s=total - self.engine_s,
             host_ms_per_token=1000 * (total - self.engine_s) / self.new_tokens if self.new_tokens else 0.0,
+            d2h_bytes_per_target_pass=self.target_copied_bytes / passes,
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
                                 for d in range(max(self.accepted_lengths, default=0))])
@@ -105,6 +107,7 @@ class GenerationStats:
     engine_s: float  # inside the target's and draft's forward calls
     host_s: float  # everything else: warping, sampling, acceptance, cache bookkeeping, detokenising
     host_ms_per_token: float  # host_s per generated token
+    d2h_bytes_per_target_pass: float  # logits + hidden rows copied from a GPU per target pass (0 on CPU)
     tokens_per_second: float
     # fraction of speculative steps whose accepted run reached depth d+1 (chains and trees alike)
     accepted_per_depth: list[float] = field(default_factory=list)

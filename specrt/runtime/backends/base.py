@@ -17,6 +17,7 @@ from ..kvcache import KVCache
 class DecoderOutput:
     logits: np.ndarray  # (Q, V) float32; a view valid until the next forward of the same decoder
     hidden: np.ndarray  # (Q, H)
+    copied_bytes: int = 0  # brought from device memory to the host for this output (0 on CPU backends)
 
 
 class Decoder(Protocol):

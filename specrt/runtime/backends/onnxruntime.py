@@ -120,4 +120,6 @@ class OrtDecoder:
         self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)
         self.session.run_with_iobinding(b)
-        return DecoderOutput(logits=logits[0], hidden=hidden[0])
+        # On the CUDA provider the outputs are bound to host buffers: ORT copies them down.
+        copied = logits.nbytes + hidden.nbytes if self.kv_device == "cuda" else 0
+        return DecoderOutput(logits=logits[0], hidden=hidden[0], copied_bytes=copied)

@@ -358,7 +358,8 @@ class TrtDecoder:
         else:
             logits, hidden = self._eager(cache, input_ids, position_ids, mask)
         self.memory.synchronize()
-        return DecoderOutput(logits=logits, hidden=hidden)
+        copied = 0 if self.outputs.mapped else logits.nbytes + hidden.nbytes  # host-mapped: read in place
+        return DecoderOutput(logits=logits, hidden=hidden, copied_bytes=copied)
 
     def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
