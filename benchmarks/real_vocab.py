@@ -9,7 +9,9 @@
 2. ``specrt bench`` figures of the exported pair (none and draft) for greedy, T 1.0, T 0.8 top-p 0.9 and
    T 0.8 top-k 50, one run: sampled tokens/s over greedy tokens/s, and host time per generated token.
 3. ``--ortgenai``: ONNX Runtime GenAI plain decoding of the same Hugging Face target (its own model
-   builder, fp32, CPU), same prompts and settings, interleaved with specrt's ``none``.
+   builder, fp32, CPU), same prompts and settings, interleaved with specrt's runs.
+
+Every setting, method and peer runs once per repeat, interleaved; figures are medians over repeats.
 
 Random weights give a near-uniform next-token distribution, where every top-p keeps ~90 % of the
 vocabulary; the final norm is scaled so that the mean next-token entropy is ~2.5 nats, like a trained
@@ -126,55 +128,79 @@ def prompts() -> list[str]:
     return builtin_prompts("code")
 
 
-def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | None) -> dict:
+def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | None,
+               ortgenai_model: Path | None) -> dict:
+    """Every setting and method (and ONNX Runtime GenAI) once per repeat, interleaved, so drift of the
+    machine hits all alike; medians over repeats."""
     import specrt
     from specrt.bench import BenchConfig, run_bench
 
     gen = specrt.load(bundle, threads=threads)
+    peer = _OrtGenai(ortgenai_model) if ortgenai_model else None
+    runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    for r in range(repeats):
+        for name, kw in SETTINGS.items():
+            cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, seed=r, **kw)
+            result = run_bench(gen, prompts(), cfg)
+            if peer:
+                result["ortgenai_tokens_per_second"] = peer.tokens_per_second(kw, max_new_tokens, seed=r)
+            runs[name].append(result)
+            print(f"repeat {r + 1} {name}: " + ", ".join(
+                f"{m} {x['tokens_per_second']:.0f} tok/s (host {x['host_ms_per_token']:.3f} ms/token)"
+                for m, x in result["methods"].items())
+                + (f", ortgenai {result['ortgenai_tokens_per_second']:.0f} tok/s" if peer else ""), file=sys.stderr)
     out = {}
-    for name, kw in SETTINGS.items():
-        cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=repeats, **kw)
-        out[name] = run_bench(gen, prompts(), cfg)
-        print(f"bench {name}: " + ", ".join(f"{m} {r['tokens_per_second']:.0f} tok/s, host "
-                                            f"{r['host_ms_per_token']:.3f} ms/token"
-                                            for m, r in out[name]["methods"].items()), file=sys.stderr)
+    for name, results in runs.items():
+        methods = {m: {k: statistics.median(x["methods"][m][k] for x in results)
+                       for k in ("tokens_per_second", "host_ms_per_token", "target_pass_ms", "tokens_per_target_pass",
+                                 "share_engine", "d2h_bytes_per_target_pass")}
+                   for m in results[0]["methods"]}
+        for m in methods:
+            alphas = [x["methods"][m]["alpha"] for x in results if x["methods"][m]["alpha"] is not None]
+            methods[m]["alpha"] = statistics.median(alphas) if alphas else None
+        out[name] = {"methods": methods, "config": results[0]["config"]}
+        if peer:
+            out[name]["ortgenai_tokens_per_second"] = statistics.median(x["ortgenai_tokens_per_second"] for x in results)
     return out
 
 
 # ---------------------------------------------------------------- 3. ONNX Runtime GenAI
-def ortgenai_bench(target: Path, work: Path, max_new_tokens: int, repeats: int) -> dict:
-    """Plain decoding with ONNX Runtime GenAI on a model its own builder made from the same checkpoint."""
-    import onnxruntime_genai as og
-
+def build_ortgenai(target: Path, work: Path) -> Path:
+    """ONNX Runtime GenAI's own model builder on the same checkpoint (fp32, CPU); cached in ``work``."""
     model_dir = work / "ortgenai-fp32"
     if not (model_dir / "genai_config.json").exists():
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(target), "-o",
                         str(model_dir), "-p", "fp32", "-e", "cpu", "-c", str(work / "ortgenai-cache")], check=True,
-                       stdout=subprocess.DEVNULL)
-    model = og.Model(str(model_dir))
-    tok = og.Tokenizer(model)
-    out = {}
-    for name, kw in SETTINGS.items():
-        rates = []
-        for r in range(repeats):
-            tokens, t0 = 0, time.perf_counter()
-            for prompt in prompts():
-                params = og.GeneratorParams(model)
-                ids = tok.encode(prompt)
-                search = {"max_length": len(ids) + max_new_tokens, "min_length": len(ids) + max_new_tokens}
-                if kw.get("temperature"):
-                    search.update(do_sample=True, temperature=kw["temperature"], top_k=kw.get("top_k", 0) or VOCAB,
-                                  top_p=kw.get("top_p", 1.0), random_seed=r)
-                params.set_search_options(**search)
-                g = og.Generator(model, params)
-                g.append_tokens(ids)
-                while not g.is_done():
-                    g.generate_next_token()
-                    tokens += 1
-            rates.append(tokens / (time.perf_counter() - t0))
-        out[name] = {"tokens_per_second": statistics.median(rates)}
-        print(f"ortgenai {name}: {out[name]['tokens_per_second']:.0f} tok/s", file=sys.stderr)
-    return out
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return model_dir
+
+
+class _OrtGenai:
+    """Plain decoding with ONNX Runtime GenAI: the same prompts, tokens and sampling settings."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.model = og.Model(str(model_dir))
+        self.tokenizer = og.Tokenizer(self.model)
+
+    def tokens_per_second(self, kw: dict, max_new_tokens: int, seed: int) -> float:
+        og, tokens, t0 = self.og, 0, time.perf_counter()
+        for prompt in prompts():
+            ids = self.tokenizer.encode(prompt)
+            search = {"max_length": len(ids) + max_new_tokens, "min_length": len(ids) + max_new_tokens}
+            if kw.get("temperature"):  # top_k = the vocabulary size: no top-k unless asked (its default is 50)
+                search.update(do_sample=True, temperature=kw["temperature"], top_k=kw.get("top_k", 0) or VOCAB,
+                              top_p=kw.get("top_p", 1.0), random_seed=seed)
+            params = og.GeneratorParams(self.model)
+            params.set_search_options(**search)
+            g = og.Generator(self.model, params)
+            g.append_tokens(ids)
+            while not g.is_done():
+                g.generate_next_token()
+                tokens += 1
+        return tokens / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -185,7 +211,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--entropy", type=float, default=2.5)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ortgenai", action="store_true", help="Also time ONNX Runtime GenAI plain decoding.")
     args = ap.parse_args()
@@ -202,15 +228,15 @@ def main() -> None:
         from specrt.export.bundle import export_bundle
 
         export_bundle(str(target), str(draft), bundle)
-    result["bench"] = bench_pair(bundle, args.max_new_tokens, args.repeats, args.threads)
+    peer = build_ortgenai(target, args.work) if args.ortgenai else None
+    result["bench"] = bench_pair(bundle, args.max_new_tokens, args.repeats, args.threads, peer)
     greedy = {m: r["tokens_per_second"] for m, r in result["bench"]["greedy"]["methods"].items()}
     result["sampled_over_greedy"] = {name: {m: r["tokens_per_second"] / greedy[m] for m, r in b["methods"].items()}
                                      for name, b in result["bench"].items()}
-    if args.ortgenai:
-        result["ortgenai"] = ortgenai_bench(target, args.work, args.max_new_tokens, args.repeats)
+    if peer:
         result["specrt_none_over_ortgenai"] = {
-            name: result["bench"][name]["methods"]["none"]["tokens_per_second"] / o["tokens_per_second"]
-            for name, o in result["ortgenai"].items()}
+            name: b["methods"]["none"]["tokens_per_second"] / b["ortgenai_tokens_per_second"]
+            for name, b in result["bench"].items()}
     result["config"] = {"vocab": VOCAB, "hidden": args.hidden, "layers": args.layers, "entropy": args.entropy,
                         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     args.json.write_text(json.dumps(result, indent=2))

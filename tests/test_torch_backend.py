@@ -96,3 +96,29 @@ def test_cuda_graph_replay_gives_the_same_tokens(close_bundle):
         b = gen_e.generate("def fib(n):", max_new_tokens=40, method=method).token_ids
         assert a == b
     assert graphed.graphs  # something was captured and replayed
+
+
+def _torch_generator(bundle, **decoder_options):
+    gen = specrt.load(bundle, backend="torch", threads=1)
+    for role, entry in gen.manifest.models.items():
+        dec = TorchDecoder(bundle, entry, threads=1, use_graphs=False, **decoder_options)
+        gen.decoders[role] = dec
+        gen._models[role].decoder = dec
+        gen._models[role].cache = dec.new_cache(gen.manifest.max_context)
+    return gen
+
+
+def test_logits_left_on_the_device_give_the_same_tokens(close_bundle):
+    """What a GPU run does by default (argmax / top-k / log-sum-exp on the device, rows copied up on
+    demand), here on CPU tensors: the tokens are those of the copy-everything path, seed for seed."""
+    host, device = _torch_generator(close_bundle, device_logits=False), _torch_generator(close_bundle, device_logits=True)
+    assert device.decoders["target"].forward(device._models["target"].cache, np.array([1, 2]), np.arange(2),
+                                             causal_mask(2, 0)).logits is None
+    settings = [dict(), dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=20),
+                dict(temperature=1.0, top_k=8, top_p=0.8), dict(temperature=1.0)]
+    for method in ("none", "draft", "tree"):
+        for kw in settings:
+            for seed in range(2):
+                a = host.generate("def fib(n):", max_new_tokens=20, method=method, seed=seed, **kw).token_ids
+                b = device.generate("def fib(n):", max_new_tokens=20, method=method, seed=seed, **kw).token_ids
+                assert a == b, (method, kw, seed)

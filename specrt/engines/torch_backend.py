@@ -20,12 +20,44 @@ from ..runtime.kvcache import CacheLength
 from ..runtime.buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 
 
-def _output(logits, hidden) -> DecoderOutput:
-    """Logits (as float32) and hidden rows on the host, with what crossing from a GPU cost."""
-    out = DecoderOutput(logits=logits.float().cpu().numpy(), hidden=hidden.cpu().numpy())
-    if logits.device.type == "cpu":
+class TorchDeviceLogits:
+    """Logits (Q, V) left where the model ran (see :class:`~specrt.runtime.backends.base.DeviceLogits`):
+    argmax ids, the top k and the log-sum-exp are computed there and only they are copied up."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits  # a view of the decoder's output, valid until its next pass
+        self.copied_bytes = 0
+
+    def _host(self, t: torch.Tensor) -> np.ndarray:
+        out = t.cpu().numpy()
+        self.copied_bytes += out.nbytes if self.logits.device.type != "cpu" else 0
         return out
-    return DecoderOutput(out.logits, out.hidden, copied_bytes=out.logits.nbytes + out.hidden.nbytes)
+
+    @torch.inference_mode()
+    def argmax(self) -> np.ndarray:
+        return self._host(self.logits.argmax(dim=-1))  # the first maximal index, as numpy's
+
+    @torch.inference_mode()
+    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        values, ids = torch.topk(self.logits, min(k, self.logits.shape[-1]), dim=-1)
+        lse = torch.logsumexp(self.logits.double() / temperature, dim=-1)
+        return self._host(ids), self._host(values.float()), self._host(lse)
+
+    @torch.inference_mode()
+    def row(self, i: int) -> np.ndarray:
+        return self._host(self.logits[i].float())
+
+
+def _output(logits: torch.Tensor, hidden: torch.Tensor, keep_logits: bool) -> DecoderOutput:
+    """Hidden rows on the host; logits either copied up as float32 or left on the device."""
+    on_gpu = logits.device.type != "cpu"
+    host_hidden = hidden.cpu().numpy()
+    if keep_logits:
+        return DecoderOutput(None, host_hidden, copied_bytes=host_hidden.nbytes if on_gpu else 0,
+                             device_logits=TorchDeviceLogits(logits))
+    host_logits = logits.float().cpu().numpy()
+    return DecoderOutput(host_logits, host_hidden,
+                         copied_bytes=host_logits.nbytes + host_hidden.nbytes if on_gpu else 0)
 
 class TorchKVCache(CacheLength):
     """Static [1, max_context, H_kv, D] tensors per layer on the model's device; ``length`` is the truth."""
@@ -96,7 +128,9 @@ class _Graph:
 class TorchDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None,
                  device: str | None = None, use_graphs: bool | None = None,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, device_logits: bool | None = None) -> None:
+        """``device_logits``: leave logits on the device and send up only what each step needs
+        (default: on a GPU, where the copy of every [Q, V] row is what costs)."""
         from ..export.architectures import DecoderWrapper, adapter_for
         from ..export.loading import load_causal_lm
 
@@ -112,6 +146,7 @@ class TorchDecoder:
         self.dtype = getattr(torch, entry.dtype)
         self.provider = f"torch-{self.device.type}"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.device_logits = self.device.type == "cuda" if device_logits is None else device_logits
         self.buckets = buckets
         self.graphs: dict[tuple[int, int], _Graph] = {}  # (id(cache), bucket) → graph
 
@@ -137,7 +172,7 @@ class TorchDecoder:
                                             t(mask, torch.bool), tuple(b[:, :past_len] for b in buffers))
         for buf, kv in zip(buffers, new):
             buf[:, past_len:past_len + q_len] = kv
-        return _output(logits[0], hidden[0])
+        return _output(logits[0], hidden[0], self.device_logits)
 
     def _replay(self, cache, input_ids, position_ids, mask, bucket: int) -> DecoderOutput:
         key = (id(cache), bucket)
@@ -150,4 +185,4 @@ class TorchDecoder:
         g.mask.copy_(torch.from_numpy(static_mask(mask, past_len, cache.max_context, bucket)))
         g.slots.copy_(torch.arange(past_len, past_len + bucket))
         g.graph.replay()
-        return _output(g.logits[0, :q_len], g.hidden[0, :q_len])
+        return _output(g.logits[0, :q_len], g.hidden[0, :q_len], self.device_logits)

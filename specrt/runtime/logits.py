@@ -266,16 +266,18 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         if keep is not None:
             return Dist(ids[keep], w[keep], vocab)
     e = _exp_scaled(logits, top, temperature)
-    total = float(e.sum())
+    every = float(e.sum())
     for span in _SPANS:
         ids = groups.at_least(top - np.float32(span * temperature))
         if len(ids) > _MAX_CANDIDATE_SHARE * len(logits):
             break
-        p = e[ids].astype(np.float64) / total
+        # The block in float64 (the reference's values), the rest of the row from the float32 pass.
+        w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
+        p = w / (w.sum() + max(0.0, every - float(e[ids].sum(dtype=np.float64))))
         if p.sum() >= top_p:
             keep = _top_p_keep(p, top_p)
             return Dist(ids[keep], p[keep], vocab)
-    p = e.astype(np.float64) / total  # a flat row: the full sort, as the reference does it
+    p = e.astype(np.float64) / every  # a flat row: the full sort, as the reference does it
     ids = np.flatnonzero(_top_p_keep(p, top_p))
     return Dist(ids, p[ids], vocab)
 
@@ -319,12 +321,56 @@ def residual(p: Dist, q: Dist) -> Dist:
 def overlap(p: Dist, q: Dist) -> float:
     """beta = sum_x min(p(x), q(x)), the acceptance probability of one drafted token; min(p, q) is 0
     outside the smaller support, so only that support is read."""
-    if p.ids is None and q.ids is None:
+    if p.ids is None and q.ids is None:  # a statistic (the alpha estimate): float32 is plenty here
         n = min(len(p.weights), len(q.weights))
-        return float(np.minimum(np.divide(p.weights[:n], p.total, dtype=np.float64),
-                                np.divide(q.weights[:n], q.total, dtype=np.float64)).sum())
+        both = np.multiply(p.weights[:n], np.float32(1 / p.total), dtype=np.float32)
+        np.minimum(both, np.multiply(q.weights[:n], np.float32(1 / q.total), dtype=np.float32), out=both)
+        return float(both.sum())
     ids = p.ids if q.ids is None or (p.ids is not None and len(p.ids) <= len(q.ids)) else q.ids
     return float(np.minimum(p.probs_of(ids), q.probs_of(ids)).sum())
+
+
+def _sorted_top(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A device's top-k of one row, ordered by value then lower id (a device's order among ties is
+    its own)."""
+    order = np.lexsort((ids, -values))
+    return ids[order], values[order]
+
+
+def warp_top(ids: np.ndarray, values: np.ndarray, lse: float, cfg: SamplingConfig, vocab: int) -> Dist | None:
+    """The distribution :func:`warp` gives, from a row's largest logits alone (``ids``/``values``, the
+    k largest, with ``lse`` = log-sum-exp of the whole row / T); None when they cannot decide it, i.e.
+    when ids outside them may be kept: no truncation, a tie at the block's edge, or a block lighter
+    than top-p. Ids outside the block have logits <= its smallest; only ids strictly above that
+    smallest value form the block, so everything outside it sorts after everything inside it."""
+    ids, values = _sorted_top(ids, values)
+    if ids.max() >= vocab:
+        return None  # a padded embedding's extra ids: the host row cut to the vocabulary decides
+    edge = values[-1]
+    if 0 < cfg.top_k < len(values):
+        kth = values[cfg.top_k - 1]
+        if not kth > edge:
+            return None  # ids outside the block may tie with the k-th
+        keep = values >= kth
+        ids, z = ids[keep], values[keep].astype(np.float64) / cfg.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+    elif cfg.top_p < 1.0 and not cfg.top_k:
+        keep = values > edge
+        ids, p = ids[keep], np.exp(values[keep].astype(np.float64) / cfg.temperature - lse)
+        if not p.sum() >= cfg.top_p:
+            return None  # the block may hold less than top-p of the mass
+    else:
+        return None  # every id keeps some mass: only the whole row decides
+    order = np.argsort(ids)
+    ids, p = ids[order], p[order]
+    if cfg.top_p < 1.0:
+        keep = _top_p_keep(p, cfg.top_p)
+        ids, p = ids[keep], p[keep]
+    return Dist(ids, p, vocab)
+
+
+DEVICE_TOP_K = 64  # logits per row a device sends up first; most truncated rows are decided by them
 
 
 class LogitRows:
@@ -332,30 +378,70 @@ class LogitRows:
     time it is asked for, so rows that verification never reaches cost nothing.
 
     The logits are the backend's output buffer, valid until the same decoder runs again; ``valid``
-    says whether that is still so, and reading a stale row raises instead of returning garbage."""
+    says whether that is still so, and reading a stale row raises instead of returning garbage.
+    With ``device`` (logits left in GPU memory) the rows come from its argmax / top-k summary and a
+    whole row is copied up only when the summary cannot decide its distribution."""
 
-    def __init__(self, logits: np.ndarray, sampling: SamplingConfig, vocab: int,
-                 valid: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, logits: np.ndarray | None, sampling: SamplingConfig, vocab: int,
+                 valid: Callable[[], bool] = lambda: True, device=None, first: int = 0, count: int = 0) -> None:
         self.logits, self.sampling, self.vocab, self._valid = logits, sampling, vocab, valid
+        self.device, self.first = device, first
+        self._count = len(logits) if logits is not None else count
         self._dists: dict[int, Dist] = {}
+        self._argmax: np.ndarray | None = None
+        self._summary: tuple[np.ndarray, ...] | None = None  # device top-k ids, logits, log-sum-exp
 
     def __len__(self) -> int:
-        return len(self.logits)
+        return self._count
 
-    def _row(self, i: int) -> np.ndarray:
+    def _check(self) -> None:
         if not self._valid():
             raise RuntimeError("these logits were overwritten by a later forward pass of the same model")
-        row = self.logits[i]
+
+    def _row(self, i: int) -> np.ndarray:
+        self._check()
+        row = self.logits[i] if self.device is None else self.device.row(self.first + i)
         return row[:self.vocab] if len(row) > self.vocab else row  # a padded embedding's extra ids
+
+    def _top(self, k: int) -> tuple[np.ndarray, ...]:
+        self._check()
+        if self._summary is None or self._summary[0].shape[1] < k:
+            ids, values, lse = self.device.top(k, self.sampling.temperature or 1.0)
+            self._summary = (ids[self.first:], values[self.first:], lse[self.first:])
+        return self._summary
+
+    def _warp(self, i: int) -> Dist:
+        if self.device is None:
+            return warp(self._row(i), self.sampling, self.vocab)
+        cfg = self.sampling
+        if cfg.greedy:
+            self._check()
+            if self._argmax is None:
+                self._argmax = self.device.argmax()[self.first:]
+            if self._argmax[i] < self.vocab:
+                return Dist.point(int(self._argmax[i]), self.vocab)
+            return warp(self._row(i), cfg, self.vocab)  # the best id is a padded one: cut the row
+        if cfg.top_k or cfg.top_p < 1.0:
+            ids, values, lse = self._top(max(DEVICE_TOP_K, cfg.top_k + 1))
+            found = warp_top(ids[i], values[i], float(lse[i]), cfg, self.vocab)
+            if found is not None:
+                return found
+        return warp(self._row(i), cfg, self.vocab)
 
     def __getitem__(self, i: int) -> Dist:
         if i < 0:
             i += len(self)
         d = self._dists.get(i)
         if d is None:
-            d = self._dists[i] = warp(self._row(i), self.sampling, self.vocab)
+            d = self._dists[i] = self._warp(i)
         return d
 
     def top(self, i: int, n: int) -> list[int]:
-        """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config)."""
+        """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config), ties to the
+        lower id."""
+        if self.device is not None and n < DEVICE_TOP_K:
+            ids, values, _ = self._top(DEVICE_TOP_K)
+            ids, values = _sorted_top(ids[i], values[i])
+            if values[n - 1] > values[-1] and ids[:n].max() < self.vocab:  # no tie with an id outside
+                return ids[:n].tolist()
         return top_ids(self._row(i), n).tolist()

@@ -25,7 +25,8 @@ class CachedModel:
         self.vocab = vocab
         self.passes = 0
         self.forward_s = 0.0  # time inside the engine's forward calls; the rest of a step is host work
-        self.copied_bytes = 0  # device-to-host bytes of all outputs so far
+        self._copied = 0  # device-to-host bytes of the outputs of passes before the last one
+        self._device = None  # the last pass's logits when they stayed on the device
         self._serial = 0
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
 
@@ -38,13 +39,18 @@ class CachedModel:
         t0 = time.perf_counter()
         out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
         self.forward_s += time.perf_counter() - t0
-        self.copied_bytes += out.copied_bytes
+        self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
+        self._device = out.device_logits
         self.cache.advance(q_len)
         self.passes += 1
         self._serial += 1  # never reset: tells rows of this pass from rows of any later one
         self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
         made_at = self._serial
-        return LogitRows(out.logits[q_len - last:], sampling, self.vocab, lambda: self._serial == made_at)
+        valid = lambda: self._serial == made_at  # noqa: E731
+        if out.device_logits is not None:
+            return LogitRows(None, sampling, self.vocab, valid, device=out.device_logits, first=q_len - last,
+                             count=last)
+        return LogitRows(out.logits[q_len - last:], sampling, self.vocab, valid)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
              tree_parents: list[int] | tuple[int, ...] = ()) -> LogitRows:
@@ -54,8 +60,13 @@ class CachedModel:
         mask, positions = speculation_mask(self.cache.length, prefix, tree_parents)
         return self.run(tokens, positions, mask, sampling, last)
 
+    @property
+    def copied_bytes(self) -> int:
+        """Device-to-host bytes of every pass so far, including rows copied up after the pass."""
+        return self._copied + (self._device.copied_bytes if self._device is not None else 0)
+
     def reset(self) -> None:
         self.cache.truncate(0)
         self.passes = 0
-        self.copied_bytes = 0
+        self._copied, self._device = 0, None
         self.forward_s = 0.0

@@ -13,11 +13,30 @@ from ...manifest import ModelEntry
 from ..kvcache import KVCache
 
 
+class DeviceLogits(Protocol):
+    """Logits (Q, V) left in device memory after a pass, valid until the decoder's next pass: the host
+    asks for what a step needs (argmax ids, a few top logits and the normaliser) instead of copying
+    every row, and copies a whole row only when a distribution needs one."""
+
+    copied_bytes: int  # device-to-host bytes copied so far
+
+    def argmax(self) -> np.ndarray:
+        """(Q,) int64; ties to the lower id."""
+
+    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids (Q, k) int64, their logits (Q, k) float32, log-sum-exp of logits / temperature (Q,)
+        float64), any order among the k."""
+
+    def row(self, i: int) -> np.ndarray:
+        """Row i, float32 (V,), copied to the host."""
+
+
 @dataclass(frozen=True)
 class DecoderOutput:
-    logits: np.ndarray  # (Q, V) float32; a view valid until the next forward of the same decoder
+    logits: np.ndarray | None  # (Q, V) float32, valid until the next forward; None when left on the device
     hidden: np.ndarray  # (Q, H)
     copied_bytes: int = 0  # brought from device memory to the host for this output (0 on CPU backends)
+    device_logits: DeviceLogits | None = None  # set when ``logits`` stayed in device memory
 
 
 class Decoder(Protocol):
