@@ -62,3 +62,20 @@ def test_bench_compare_hf(close_bundle, tmp_path):
                                     "--max-new-tokens", "4", "--repeats", "1", "--compare", "hf",
                                     "--hf-target", str(tmp_path)])
     assert res.exit_code == 1 and "has no config.json" in res.output
+
+
+def test_bench_samples_with_truncation_and_reports_host_time(close_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none,draft",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--temperature", "0.8",
+                                    "--top-k", "20", "--top-p", "0.9", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert (data["config"]["top_k"], data["config"]["top_p"], data["config"]["temperature"]) == (20, 0.9, 0.8)
+    for row in data["methods"].values():
+        assert 0 < row["host_ms_per_token"] < 1000 / row["tokens_per_second"]  # a part of each token's time
+        assert 0 < row["share_engine"] < 1 and row["d2h_bytes_per_target_pass"] == 0  # CPU: no copies
+        assert "greedy_matches_none" not in row
+    assert "top-k 20 top-p 0.9" in res.output and "host ms/token" in res.output
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--top-p", "1.5"])
+    assert res.exit_code == 1 and "top_p must be in (0, 1]" in res.output

@@ -46,7 +46,7 @@ def test_run_streams_and_prints_stats(close_bundle):
                  "--gamma", "auto", "--baseline")
     assert res.exit_code == 0, res.output
     for label in ("tokens per target pass", "alpha (mean sum min(p,q))", "predicted speedup", "c (draft pass",
-                  "measured speedup"):
+                  "measured speedup", "host time per token", "device→host per target pass"):
         assert label in res.output
 
 

@@ -121,10 +121,17 @@ def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backe
     bucket): the same greedy tokens as the host ONNX Runtime backend."""
     reference = specrt.load(close_bundle, threads=1)
     gen = specrt.load(close_bundle, backend=backend)
+    dims = gen.manifest.target.dims
     for prompt in PROMPTS:
         for method, extra in (("none", {}), ("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):
             want = reference.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids
-            assert gen.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids == want, (prompt, method)
+            out = gen.generate(prompt, max_new_tokens=24, method=method, **extra)
+            assert out.token_ids == want, (prompt, method)
+            # What a pass brings up from the GPU: every logits row and hidden row, unless host-mapped.
+            copied = gen._models["target"].copied_bytes
+            row = 4 * dims.vocab_size + np.dtype(gen.manifest.target.dtype).itemsize * dims.hidden_size
+            assert copied == (0 if backend in ("trt-jetson", "ort-device") else row * (len(gen.encode(prompt)) + out.stats.drafted
+                                                                     + out.stats.target_passes - 1))
     if backend.startswith("trt"):
         decoder = gen._models["target"].decoder
         prefill, verify = decoder.contexts
