@@ -101,7 +101,7 @@ def test_cuda_graph_replay_gives_the_same_tokens(close_bundle):
 def _torch_generator(bundle, **decoder_options):
     gen = specrt.load(bundle, backend="torch", threads=1)
     for role, entry in gen.manifest.models.items():
-        dec = TorchDecoder(bundle, entry, threads=1, use_graphs=False, **decoder_options)
+        dec = TorchDecoder(bundle, entry, threads=1, **{"use_graphs": False, **decoder_options})
         gen.decoders[role] = dec
         gen._models[role].decoder = dec
         gen._models[role].cache = dec.new_cache(gen.manifest.max_context)
@@ -122,3 +122,72 @@ def test_logits_left_on_the_device_give_the_same_tokens(close_bundle):
                 a = host.generate("def fib(n):", max_new_tokens=20, method=method, seed=seed, **kw).token_ids
                 b = device.generate("def fib(n):", max_new_tokens=20, method=method, seed=seed, **kw).token_ids
                 assert a == b, (method, kw, seed)
+
+
+class HostGraph:
+    """torch.cuda.CUDAGraph's contract on the host: capture records the step without running it;
+    each replay runs it and refills the same output tensors."""
+
+    def __init__(self, step, outputs) -> None:
+        self.step, self.outputs = step, outputs
+
+    def replay(self) -> None:
+        for out, value in zip(self.outputs, self.step()):
+            out.copy_(value)
+
+
+def host_capture(step):
+    """What :func:`specrt.engines.torch_backend.cuda_capture` does, on the host: two warm-up runs,
+    then a capture that runs nothing."""
+    for _ in range(2):
+        shapes = step()
+    graph = HostGraph(step, tuple(torch.empty_like(t) for t in shapes))
+    return graph, graph.outputs
+
+
+def test_graph_capture_never_touches_the_valid_cache_rows(close_bundle, monkeypatch):
+    """Graphs are captured on first use of each width: after a prefill, mid-generation, after a
+    rejection. Their warm-up runs must write only rows past the valid length; every valid row stays
+    bit-identical, and the graphed decoder gives the eager one's tokens."""
+    from specrt.engines import torch_backend
+
+    kept = []
+    init = torch_backend._Graph.__init__
+
+    def spy(self, wrapper, cache, bucket, capture):
+        before = [b[:, :cache.length].clone() for b in cache.buffers()]
+        init(self, wrapper, cache, bucket, capture)
+        kept.append((cache.length, all(torch.equal(a, b[:, :cache.length]) for a, b in zip(before, cache.buffers()))))
+
+    monkeypatch.setattr(torch_backend._Graph, "__init__", spy)
+    graphed = _torch_generator(close_bundle, use_graphs=True, capture=host_capture, device_logits=False)
+    eager = _torch_generator(close_bundle, device_logits=False)
+    for method in ("none", "draft", "tree"):
+        for prompt in ("def fib(n):", "import os\nimport sys\n"):
+            assert (graphed.generate(prompt, max_new_tokens=24, method=method).token_ids
+                    == eager.generate(prompt, max_new_tokens=24, method=method).token_ids), (method, prompt)
+    assert len(kept) >= 4 and any(length > 0 for length, _ in kept)  # captures after prefills, not only at 0
+    assert all(same for _, same in kept), kept
+
+
+def test_every_tensor_of_a_forward_is_made_on_the_model_device(close_bundle):
+    """PyTorch's meta device refuses to mix devices as CUDA does: a tensor the forward creates on the
+    CPU (the additive mask once was) fails here, on a machine without a GPU."""
+    from specrt.engines.torch_backend import TorchKVCache
+    from specrt.export.architectures import DecoderWrapper, adapter_for
+    from specrt.export.loading import load_causal_lm
+
+    m = load_manifest(close_bundle)
+    meta, d = torch.device("meta"), m.target.dims
+    wrapper = DecoderWrapper(adapter_for(m.target.architecture)(load_causal_lm(m.target.source, m.target.dtype).to(meta)))
+    cache = TorchKVCache(d.num_layers, 32, d.num_kv_heads, d.head_dim, torch.float32, meta)
+    ids, pos = torch.zeros(1, 4, dtype=torch.long, device=meta), torch.arange(4, device=meta)[None]
+    with torch.inference_mode():
+        logits, hidden = static_step(wrapper, cache, ids, pos, torch.ones(1, 1, 4, 36, dtype=torch.bool, device=meta),
+                                     torch.arange(4, device=meta))
+        eager = wrapper(ids, pos, torch.ones(1, 1, 4, 4, dtype=torch.bool, device=meta),
+                        tuple(b[:, :0] for b in cache.buffers()))
+    assert logits.device == meta and logits.shape == (1, 4, d.vocab_size) and eager[0].shape == logits.shape
+    cache.length = 6
+    cache.compact(2, [0, 3])
+    assert cache.length == 4

@@ -9,6 +9,7 @@ use); wider ones run eagerly. Only the logits and hidden rows of the real tokens
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -99,38 +100,51 @@ def static_step(wrapper, cache: TorchKVCache, ids: torch.Tensor, pos: torch.Tens
     return logits, hidden
 
 
+def cuda_capture(step: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """Warm ``step`` up on a side stream (twice, as CUDA-graph capture requires), then capture it:
+    (graph, the static output tensors each replay refills). Capture records kernels, runs none."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 class _Graph:
     """One captured :func:`static_step` of a fixed bucket width; inputs are static tensors refilled
     before each replay."""
 
-    def __init__(self, wrapper, cache: TorchKVCache, bucket: int) -> None:
+    def __init__(self, wrapper, cache: TorchKVCache, bucket: int, capture=cuda_capture) -> None:
         dev = cache.keys[0].device
+        if cache.length + bucket > cache.max_context:
+            raise ValueError(f"a bucket of {bucket} after {cache.length} rows overruns the cache ({cache.max_context})")
         self.cache = cache  # the graph writes into its tensors: keep them alive (and id(cache) unique as a key)
         self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.mask = torch.zeros(1, 1, bucket, cache.max_context + bucket, dtype=torch.bool, device=dev)
-        self.slots = torch.arange(bucket, device=dev)  # cache rows the new K/V go to
+        # The warm-up runs write their new K/V to these rows: the ones right after the valid length,
+        # which hold nothing yet (a graph first captured after a prefill must not touch rows 0..bucket-1).
+        self.slots = torch.arange(cache.length, cache.length + bucket, device=dev)
 
         def step():
             return static_step(wrapper, cache, self.ids, self.pos, self.mask, self.slots)
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph, as CUDA-graph capture requires
-                step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits, self.hidden = step()
+        self.graph, (self.logits, self.hidden) = capture(step)
 
 
 class TorchDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None,
                  device: str | None = None, use_graphs: bool | None = None,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, device_logits: bool | None = None) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, device_logits: bool | None = None,
+                 capture: Callable = cuda_capture) -> None:
         """``device_logits``: leave logits on the device and send up only what each step needs
-        (default: on a GPU, where the copy of every [Q, V] row is what costs)."""
+        (default: on a GPU, where the copy of every [Q, V] row is what costs). ``capture``: how a
+        static step becomes a replayable graph (:func:`cuda_capture`; tests pass a host stand-in)."""
         from ..export.architectures import DecoderWrapper, adapter_for
         from ..export.loading import load_causal_lm
 
@@ -147,6 +161,7 @@ class TorchDecoder:
         self.provider = f"torch-{self.device.type}"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.device_logits = self.device.type == "cuda" if device_logits is None else device_logits
+        self.capture = capture
         self.buckets = buckets
         self.graphs: dict[tuple[int, int], _Graph] = {}  # (id(cache), bucket) → graph
 
@@ -177,7 +192,7 @@ class TorchDecoder:
     def _replay(self, cache, input_ids, position_ids, mask, bucket: int) -> DecoderOutput:
         key = (id(cache), bucket)
         if key not in self.graphs:
-            self.graphs[key] = _Graph(self.wrapper, cache, bucket)
+            self.graphs[key] = _Graph(self.wrapper, cache, bucket, self.capture)
         g = self.graphs[key]
         q_len, past_len = len(input_ids), cache.length
         g.ids.copy_(torch.from_numpy(pad_to(np.asarray(input_ids, np.int64), bucket))[None])

@@ -203,7 +203,8 @@ class DecoderWrapper(nn.Module):
                 past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         a = self.adapter
         # fp32 additive mask: the most negative finite value keeps fully masked rows NaN-free.
-        mask_add = torch.zeros(attention_mask.shape, dtype=torch.float32).masked_fill(
+        # Created on the mask's device: a CPU tensor here broke every CUDA forward of the torch backend.
+        mask_add = torch.zeros(attention_mask.shape, dtype=torch.float32, device=attention_mask.device).masked_fill(
             ~attention_mask, torch.finfo(torch.float32).min)
         h = a.embed(input_ids, position_ids)
         pos = a.position_context(h, position_ids)
