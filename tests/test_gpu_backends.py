@@ -15,7 +15,7 @@ import pytest
 from fake_device import ORT_TYPES, HostMemory, OrtEngineContext, view
 
 import specrt
-from specrt.errors import ConfigError, ContextLengthError
+from specrt.errors import ConfigError, ContextLengthError, SpecrtError
 from specrt.manifest import load_manifest
 from specrt.runtime.backends import base
 from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads, _session
@@ -23,6 +23,7 @@ from specrt.runtime.backends.tensorrt import (PREFILL, VERIFY, EngineLimits, Trt
                                               check_engine, choose_profile, engine_record, role_of, tensor_plan)
 from specrt.runtime.device import DeviceKVCache, compaction_copies
 from specrt.runtime.kvcache import KVCache
+from specrt.runtime.masks import causal_mask
 
 PROMPTS = ["def fib(n):", "class Point:\n    def __init__(self"]
 LIMITS = EngineLimits(max_context=256, max_prompt=64, max_verify=16)
@@ -252,3 +253,28 @@ def test_onnxruntime_cuda_keeps_the_cache_on_the_device(close_bundle):
     want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids
     for method, extra in (("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):  # rollback and compaction
         assert gen.generate(PROMPTS[0], max_new_tokens=16, method=method, **extra).token_ids == want
+
+
+class RefusingContext(OrtEngineContext):
+    """An execution context that refuses a setting, as TensorRT does by returning False."""
+
+    def __init__(self, session, refuse: str) -> None:
+        super().__init__(session)
+        self.refuse = refuse
+
+    def set_input_shape(self, name: str, shape) -> bool:
+        return self.refuse != "shape" and super().set_input_shape(name, shape)
+
+    def set_tensor_address(self, name: str, ptr: int) -> bool:
+        return self.refuse != "address" and super().set_tensor_address(name, ptr)
+
+
+@pytest.mark.parametrize("refuse,match", [("shape", "refused the shape"), ("address", "refused the address")])
+def test_a_refused_tensorrt_binding_is_an_error_not_a_stale_run(close_bundle, refuse, match):
+    entry = load_manifest(close_bundle).target
+    session = _session(close_bundle / entry.file, 1)
+    dec = TrtDecoder(close_bundle, entry, context_factory=lambda profile: RefusingContext(session, refuse),
+                     memory=HostMemory(), limits=LIMITS, graphs=False)
+    cache = dec.new_cache(64)
+    with pytest.raises(SpecrtError, match=match):
+        dec.forward(cache, np.array([1, 2, 3]), np.arange(3), causal_mask(3, 0))

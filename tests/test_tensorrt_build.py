@@ -30,6 +30,12 @@ def test_profiles_cover_prefill_and_verify():
         for (b, one, q, s), (_, p, _, _) in zip(prof["attention_mask"], prof["past_key.0"]):
             assert s == p + q
     assert len(verify) == 3 + 2 * 2
+    # Every profile is ordered min <= opt <= max on every axis, also when max_verify > max_context / 2.
+    for opts in (BuildOptions(max_context=1024, max_prompt=512, max_verify=32),
+                 BuildOptions(max_context=64, max_prompt=64, max_verify=48), BuildOptions(max_context=16, max_verify=16)):
+        for prof in profiles(ENTRY, opts):
+            for lo, mid, hi in prof.values():
+                assert all(a <= b <= c for a, b, c in zip(lo, mid, hi)), (opts, lo, mid, hi)
 
 
 def test_engine_key_changes_with_everything_that_changes_the_engine():

@@ -64,8 +64,11 @@ def profiles(entry: ModelEntry, opts: BuildOptions) -> list[dict[str, tuple[tupl
         return shapes
 
     prefill = profile((1, min(128, opts.max_prompt), opts.max_prompt), (0, 0, 0))
+    longest_past = opts.max_context - opts.max_verify
+    # opt within [min, max]: TensorRT refuses a profile whose opt past exceeds its max, which
+    # max_context // 2 did once max_verify > max_context / 2.
     verify = profile((1, min(8, opts.max_verify), opts.max_verify),
-                     (0, opts.max_context // 2, opts.max_context - opts.max_verify))
+                     (0, min(opts.max_context // 2, longest_past), longest_past))
     return [prefill, verify]
 
 

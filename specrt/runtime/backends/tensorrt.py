@@ -196,9 +196,8 @@ class TrtHeads:
             raise ContextLengthError(f"{rows} hidden rows exceed the Medusa engine's max of {self.max_rows}")
         m, ctx = self.memory, self.context
         m.to_device(self.ptrs["hidden"], np.ascontiguousarray(hidden, dtype=self.dtypes["hidden"]))
-        ctx.set_input_shape("hidden", hidden.shape)
-        for name, ptr in self.ptrs.items():
-            ctx.set_tensor_address(name, ptr)
+        bind(ctx, {"hidden": (hidden.shape, self.ptrs["hidden"]),
+                   **{name: (None, ptr) for name, ptr in self.ptrs.items() if name != "hidden"}})
         if not ctx.execute_async_v3(m.stream):
             raise SpecrtError("TensorRT failed to run the Medusa heads (see its log above)")
         ids = np.empty((1, rows, *self.out_shape), self.dtypes["ids"])
@@ -214,6 +213,19 @@ def _heads(bundle_dir: Path, file: str, threads: int | None = None):
     if "medusa" in load_manifest(Path(bundle_dir)).engines:
         return TrtHeads(bundle_dir, file, threads)
     return OrtHeads(bundle_dir, file, threads)
+
+
+def bind(ctx: Any, plan: dict[str, tuple[tuple[int, ...] | None, int]]) -> None:
+    """Set each tensor's shape (inputs: a shape; outputs: None) and address on an execution context.
+    TensorRT answers a refused setting (a shape outside the profile, an address it cannot use) with
+    False and carries on; going on would run on stale bindings, so a refusal is an error here."""
+    for name, (shape, ptr) in plan.items():
+        if shape is not None and not ctx.set_input_shape(name, tuple(shape)):
+            raise SpecrtError(f"TensorRT refused the shape {tuple(shape)} for {name!r} (outside the engine's "
+                              "optimization profile: rebuild with larger --max-prompt/--max-verify/--max-context)")
+        if not ctx.set_tensor_address(name, ptr):
+            raise SpecrtError(f"TensorRT refused the address {ptr:#x} for {name!r} (TensorRT needs 256-byte "
+                              "aligned device addresses)")
 
 
 class _Outputs:
@@ -328,10 +340,7 @@ class TrtDecoder:
         return DeviceKVCache(self.entry.dims, min(max_context, self.limits.max_context), self.kv_dtype, self.memory)
 
     def bind(self, ctx: Any, plan: dict[str, tuple[tuple[int, ...], int]]) -> None:
-        for name, (shape, ptr) in plan.items():
-            if name in self._inputs:
-                ctx.set_input_shape(name, shape)
-            ctx.set_tensor_address(name, ptr)
+        bind(ctx, {name: (shape if name in self._inputs else None, ptr) for name, (shape, ptr) in plan.items()})
 
     def execute(self, ctx: Any) -> None:
         if not ctx.execute_async_v3(self.memory.stream):
