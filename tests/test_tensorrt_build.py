@@ -32,7 +32,7 @@ def test_profiles_cover_prefill_and_verify():
     assert len(verify) == 3 + 2 * 2
     # Every profile is ordered min <= opt <= max on every axis, also when max_verify > max_context / 2.
     for opts in (BuildOptions(max_context=1024, max_prompt=512, max_verify=32),
-                 BuildOptions(max_context=64, max_prompt=64, max_verify=48), BuildOptions(max_context=16, max_verify=16)):
+                 BuildOptions(max_context=64, max_prompt=64, max_verify=48), BuildOptions(max_context=16, max_prompt=16, max_verify=16)):
         for prof in profiles(ENTRY, opts):
             for lo, mid, hi in prof.values():
                 assert all(a <= b <= c for a, b, c in zip(lo, mid, hi)), (opts, lo, mid, hi)
