@@ -88,7 +88,7 @@ def tensorrt_section(bundle: Path, ref) -> bool:
     work = Path(tempfile.mkdtemp()) / "bundle"
     shutil.copytree(bundle, work)
     t0 = time.perf_counter()
-    build_bundle_engines(work, BuildOptions(precision="fp16", max_context=512, max_prompt=256, max_verify=32))
+    build_bundle_engines(work, BuildOptions(max_context=512, max_prompt=256, max_verify=32))
     print(f"TensorRT engines built in {time.perf_counter() - t0:.0f} s")
     ok = parity(specrt.load(work, backend="tensorrt"), ref, "tensorrt")
     entry = load_manifest(work).target

@@ -396,7 +396,8 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
 @main.command()
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
               help="Bundle folder [default: the demo bundle shipped with specrt].")
-@click.option("--precision", type=click.Choice(["fp16", "bf16", "int8", "fp8"]), default="fp16", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "fp8"]), default=None,
+              help="Must match the bundle's graphs, which set it (strongly typed engines) [default: the bundle's].")
 @click.option("--max-context", type=int, default=None, help="Longest context the engines serve [default: the bundle's].")
 @click.option("--max-prompt", type=int, default=1024, show_default=True,
               help="Longest prompt (prefill profile).")
@@ -404,9 +405,9 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
               help="Most tokens in one verify pass: gamma + 1, or the largest tree / Medusa tree.")
 @click.option("--max-batch", type=int, default=1, show_default=True)
 @click.option("--workspace", "workspace_mb", type=int, default=4096, show_default=True, help="MB.")
-@click.option("--jetson", is_flag=True, help="Jetson Orin/Thor defaults: fp16, workspace from free unified memory.")
+@click.option("--jetson", is_flag=True, help="Jetson Orin/Thor defaults: workspace from free unified memory.")
 @_domain_errors
-def build(bundle: str | None, precision: str, max_context: int | None, max_prompt: int, max_verify: int, max_batch: int,
+def build(bundle: str | None, precision: str | None, max_context: int | None, max_prompt: int, max_verify: int, max_batch: int,
           workspace_mb: int, jetson: bool) -> None:
     """Build TensorRT engines for the bundle's models (cached by ONNX hash, TensorRT version, GPU,
     precision and profiles). Needs an NVIDIA GPU and TensorRT (`pip install 'specrt[trt]'`, or
@@ -418,7 +419,8 @@ def build(bundle: str | None, precision: str, max_context: int | None, max_promp
 
     \b
     Example:
-      specrt build --bundle bundle --precision fp16 --max-context 4096 --max-verify 32
+      specrt export ./target --draft ./draft --dtype fp16 -o bundle
+      specrt build --bundle bundle --max-context 4096 --max-verify 32
     """
     import os
     from pathlib import Path
@@ -443,7 +445,7 @@ def build(bundle: str | None, precision: str, max_context: int | None, max_promp
 
         engines = build_bundle_engines(bundle_dir, opts, progress)
     for role, e in engines.items():
-        click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {opts.precision})")
+        click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {e['options']['precision']})")
 
 
 @main.command()

@@ -94,3 +94,59 @@ def test_build_engines_and_cache(llama_bundle, tmp_path):
 def test_heads_profile_covers_one_verify_pass():
     (profile,) = heads_profiles(64, BuildOptions(max_verify=24))
     assert profile == {"hidden": ((1, 1, 64), (1, 8, 64), (1, 24, 64))}
+
+
+# ---- the builder's call sequence against stand-ins of the real TensorRT 10.13 and 11.4 bindings
+from trt_standin import VERSIONS, Names, make_tensorrt  # noqa: E402
+
+
+def test_the_stand_ins_come_from_both_api_generations():
+    assert [v.split(".")[0] for v in VERSIONS] == ["10", "11"]
+    old, new = (make_tensorrt(v) for v in VERSIONS)
+    assert old.BuilderFlag.FP16 is not None and old.NetworkDefinitionCreationFlag.EXPLICIT_BATCH is not None
+    with pytest.raises(AttributeError):  # removed in TensorRT 11: the build read it and died there
+        new.BuilderFlag.FP16
+    with pytest.raises(AttributeError):
+        new.BuilderFlag.BF16
+    assert new.NetworkDefinitionCreationFlag.STRONGLY_TYPED == old.NetworkDefinitionCreationFlag.STRONGLY_TYPED
+
+
+# What the runtime backend calls on TensorRT objects: every name exists in both generations.
+RUNTIME_NAMES = ("Runtime", "Logger", "deserialize_cuda_engine", "create_execution_context",
+                 "set_optimization_profile_async", "get_tensor_dtype", "set_input_shape", "set_tensor_address",
+                 "execute_async_v3", "num_io_tensors", "get_tensor_name", "get_tensor_mode")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_runtime_names_exist_in_the_bindings(version):
+    names = Names(version)
+    assert [n for n in RUNTIME_NAMES if n not in names] == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_build_runs_its_whole_call_sequence_on_both_tensorrt_generations(version, llama_bundle, tmp_path, monkeypatch):
+    import shutil
+
+    from specrt.engines import tensorrt_build
+    from specrt.manifest import load_manifest
+
+    trt = make_tensorrt(version)
+    monkeypatch.setattr(tensorrt_build, "require_tensorrt", lambda: trt)
+    bundle = tmp_path / "b"
+    shutil.copytree(llama_bundle, bundle)
+    m = load_manifest(bundle)
+    opts = BuildOptions(max_context=64, max_prompt=32, max_verify=48)  # max_verify > max_context / 2 too
+    engine = tmp_path / "t.engine"
+    tensorrt_build.build_engine(bundle / m.target.file, engine, profiles(m.target, opts), opts, tmp_path / "timing")
+    assert engine.read_bytes() == b"engine:strongly-typed" and (tmp_path / "timing").is_file()
+    (_, network, config), = trt.calls
+    assert network.strongly_typed and config.flags == []  # the graph's types decide, no precision flags
+    assert len(config.profiles) == 2 and set(config.profiles[1].shapes) == set(profiles(m.target, opts)[1])
+
+
+def test_precision_comes_from_the_graphs():
+    from specrt.engines.tensorrt_build import resolve_precision
+
+    assert resolve_precision([ENTRY, ENTRY], None) == "fp16" and resolve_precision([ENTRY], "fp16") == "fp16"
+    with pytest.raises(ConfigError, match="export with --dtype bf16"):
+        resolve_precision([ENTRY], "bf16")

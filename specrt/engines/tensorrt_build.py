@@ -17,7 +17,8 @@ from ..contract import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
 from ..errors import ConfigError, SpecrtError
 from ..manifest import ModelEntry
 
-PRECISIONS = ("fp16", "bf16", "int8", "fp8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+GRAPH_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # ONNX export dtype → engine
 
 
 class TensorRTUnavailable(SpecrtError):
@@ -26,7 +27,9 @@ class TensorRTUnavailable(SpecrtError):
 
 @dataclass(frozen=True)
 class BuildOptions:
-    precision: str = "fp16"
+    # None: the graph's own precision. Networks are strongly typed (TensorRT 11 removed the FP16/BF16
+    # builder flags; 10.12 deprecated them), so an engine computes in the types the ONNX graph has.
+    precision: str | None = None
     max_context: int = 2048
     max_prompt: int = 1024  # prefill profile: Q up to this
     max_verify: int = 64  # decode/verify profile: Q up to γ+1 or a tree's node count
@@ -35,7 +38,7 @@ class BuildOptions:
     jetson: bool = False
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.precision in ("int8", "fp8"):
             # Both need scales TensorRT cannot invent: a calibrator or Q/DQ nodes in the ONNX graph.
@@ -96,11 +99,24 @@ def engine_key(onnx_sha256: str, trt_version: str, compute_capability: str, opts
 
 
 def jetson_defaults(free_memory_mb: int, opts: BuildOptions) -> BuildOptions:
-    """Orin/Thor: fp16, and a workspace that leaves room in unified memory (half of what is free, ≤ 4 GB)."""
+    """Orin/Thor: a workspace that leaves room in unified memory (half of what is free, ≤ 4 GB). The
+    precision is the bundle's (export with --dtype fp16 for fp16 engines)."""
     from dataclasses import replace
 
-    return replace(opts, precision="fp16" if opts.precision not in ("fp16", "bf16") else opts.precision,
-                   workspace_mb=max(256, min(4096, free_memory_mb // 2)), jetson=True)
+    return replace(opts, workspace_mb=max(256, min(4096, free_memory_mb // 2)), jetson=True)
+
+
+def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
+    """The engines' precision: the graphs' own (a strongly typed network computes in the ONNX types).
+    Asking for another one is a one-line error naming the export that gives it."""
+    found = {GRAPH_PRECISION.get(e.dtype, e.dtype) for e in entries}
+    if len(found) != 1:
+        raise ConfigError(f"the bundle's graphs have different precisions ({', '.join(sorted(found))})")
+    (graph,) = found
+    if requested is not None and requested != graph:
+        raise ConfigError(f"--precision {requested}: engines take the precision of the bundle's graphs, which are "
+                          f"{graph}; export with --dtype {requested} for {requested} engines (or drop --precision)")
+    return graph
 
 
 def require_tensorrt():
@@ -128,14 +144,15 @@ def build_engine(onnx_path: Path, engine_path: Path, shapes: list[dict], opts: B
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)
+    # Strongly typed: the same call on TensorRT 10.x and 11.x, and the graph's fp32 islands (mask,
+    # softmax inputs, logits) stay fp32 instead of being left to the builder's choice.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise SpecrtError(f"TensorRT cannot parse {onnx_path.name}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mb << 20)
-    config.set_flag({"fp16": trt.BuilderFlag.FP16, "bf16": trt.BuilderFlag.BF16}[opts.precision])
     for profile_shapes in shapes:
         profile = builder.create_optimization_profile()
         for name, (lo, mid, hi) in profile_shapes.items():
@@ -168,6 +185,7 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
     manifest = load_manifest(bundle)
     if opts.max_context > manifest.max_context:
         raise ConfigError(f"--max-context {opts.max_context} exceeds the bundle's {manifest.max_context}")
+    opts = replace(opts, precision=resolve_precision(list(manifest.models.values()), opts.precision))
     cache_dir = bundle / "engines"
     cache_dir.mkdir(exist_ok=True)
     graphs = {role: (entry.file, profiles(entry, opts)) for role, entry in manifest.models.items()}
