@@ -1,116 +1,282 @@
-"""GPU check: greedy parity and verify-step latency, CUDA graph vs eager, for the backends importable here.
+"""GPU check: what specrt's GPU code does on a real NVIDIA GPU, as one JSON of results.
 
-    python scripts/gpu_check.py [--bundle DIR]      (default: the demo bundle)
+    python3 scripts/gpu_check.py [--json OUT.json] [--bundle DIR]
 
-Each backend section says SKIP with the reason when it cannot run; exit status 1 if a parity check fails.
+Runs from the repository root with nothing installed but the GPU image's packages (PyTorch + CUDA,
+transformers, onnx, onnxruntime, cuda-bindings): specrt is imported from the tree, and the models are
+built here from configs (tests/models.py; no download, no demo weights, so the tree sent to the GPU
+machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
+
+1. environment: GPU, torch, CUDA, cuda-bindings, onnxruntime providers;
+2. device KV cache (cuda-bindings): writes, a tree compaction (cudaMemcpy2DAsync) vs the host cache;
+3. torch backend on CUDA, eager and CUDA graphs: greedy tokens == ONNX Runtime CPU for none/draft/tree;
+   logits left on the GPU: sampled tokens == the copy-everything path, seed for seed; device-to-host
+   bytes per target pass both ways;
+4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
+5. TensorRT, when importable: engines built and greedy parity.
+
+Exit status 1 if any check FAILED (a SKIP is not a failure).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import shutil
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # specrt from this tree; tests/models.py for the tiny pair
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys", "class Stack:\n    def push(self"]
+import numpy as np  # noqa: E402
+
+PROMPTS = ["def fib(n):", "for i in range(10):\n    print(i", "class Point:\n    def __init__(self"]
+SAMPLED = [dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=20), dict(temperature=1.0)]
 
 
-def time_verify(dec, sync, past: int = 200, q_len: int = 5, reps: int = 50) -> float:
-    """Median ms of one Q-token verify pass after a ``past``-token prefill (the cache is not advanced)."""
-    from specrt.runtime.masks import causal_mask
+class Report:
+    def __init__(self) -> None:
+        self.results: dict[str, dict] = {}
 
-    cache = dec.new_cache(512)
-    dec.forward(cache, np.arange(past) % 100, np.arange(past), causal_mask(past, 0))
-    cache.advance(past)
-    ids, pos, mask = np.arange(q_len), np.arange(past, past + q_len), causal_mask(q_len, past)
-    for _ in range(5):
-        dec.forward(cache, ids, pos, mask)
-    sync()
-    ts = []
-    for _ in range(reps):
+    def record(self, name: str, status: str, **details) -> None:
+        self.results[name] = {"status": status, **details}
+        extra = ", ".join(f"{k}={v}" for k, v in details.items())
+        print(f"{status:4s} {name}" + (f": {extra}" if extra else ""), flush=True)
+
+    def run(self, name: str, fn) -> None:
         t0 = time.perf_counter()
-        dec.forward(cache, ids, pos, mask)
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+        try:
+            out = fn()
+        except Exception as e:  # every check reports, the script goes on
+            self.record(name, "FAIL", error=f"{type(e).__name__}: {e}", trace=traceback.format_exc(limit=6))
+            return
+        status, details = out if isinstance(out, tuple) else ("PASS", out or {})
+        self.record(name, status, seconds=round(time.perf_counter() - t0, 2), **details)
+
+    @property
+    def failed(self) -> bool:
+        return any(r["status"] == "FAIL" for r in self.results.values())
 
 
-def parity(gen, ref, label: str) -> bool:
-    ok = True
-    for method in ("none", "draft", "tree"):
-        same = all(gen.generate(p, max_new_tokens=48, method=method).token_ids
-                   == ref.generate(p, max_new_tokens=48, method=method).token_ids for p in PROMPTS)
-        ok &= same
-        print(f"{'PASS' if same else 'FAIL'} greedy {method}: {label} == reference over {len(PROMPTS)} prompts")
-    for method in ("none", "draft", "tree"):
-        st = gen.generate(PROMPTS[0], max_new_tokens=128, method=method).stats
-        print(f"{label} {method:5s}: {st.tokens_per_second:8.1f} tokens/s, {st.tokens_per_target_pass:.2f} tokens/pass")
-    return ok
+def environment() -> tuple[str, dict]:
+    import onnxruntime as ort
 
-
-def torch_section(bundle: Path, ref) -> bool:
+    info = {"python": platform.python_version(), "onnxruntime": ort.__version__,
+            "ort_providers": ort.get_available_providers()}
     try:
         import torch
+
+        info.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
-        print("SKIP torch backend: torch is not importable")
-        return True
-    if not torch.cuda.is_available():
-        print("SKIP torch CUDA backend: no CUDA device visible")
-        return True
+        info["torch"] = None
+    try:
+        from cuda.bindings import runtime as cudart
+
+        err, count = cudart.cudaGetDeviceCount()
+        info["cuda_bindings_devices"] = count if int(err) == 0 else f"error {int(err)}"
+        info["cuda_driver"] = cudart.cudaDriverGetVersion()[1]
+    except ImportError:
+        info["cuda_bindings_devices"] = None
+    return "PASS", info
+
+
+def build_pair(work: Path) -> Path:
+    """The tests' tiny Llama pair (a close draft: perturbed MLP), exported fp32."""
+    import torch
+    from models import save_pair
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specrt.export.bundle import export_bundle
+
+    target, _ = save_pair(work, "llama")
+    draft = AutoModelForCausalLM.from_pretrained(target)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for layer in draft.model.layers:
+            w = layer.mlp.down_proj.weight
+            w.add_(0.5 * torch.randn_like(w) * w.std())
+    draft.save_pretrained(work / "close-draft")
+    AutoTokenizer.from_pretrained(target).save_pretrained(work / "close-draft")
+    export_bundle(str(target), str(work / "close-draft"), work / "bundle")
+    return work / "bundle"
+
+
+def kv_cache_check(bundle: Path) -> dict:
+    from specrt.manifest import load_manifest
+    from specrt.runtime.device import CudaMemory, DeviceKVCache
+    from specrt.runtime.kvcache import KVCache
+
+    dims = load_manifest(bundle).target.dims
+    mem = CudaMemory()
+    host, dev = KVCache(dims, 64, np.float16), DeviceKVCache(dims, 64, np.float16, mem)
+    rng = np.random.default_rng(0)
+    pairs = [*zip(host.keys, dev.key_ptrs), *zip(host.values, dev.value_ptrs)]
+    for arr, ptr in pairs:
+        arr[...] = rng.standard_normal(arr.shape)
+        mem.to_device(ptr, arr)
+    host.length = dev.length = 30
+    keep = np.array([0, 2, 3, 4, 5, 6, 9])
+    host.compact(20, keep)
+    dev.compact(20, keep)
+    for arr, ptr in pairs:
+        back = np.empty_like(arr)
+        mem.to_host(back, ptr)
+        mem.synchronize()
+        if not np.array_equal(back[:, :host.length], arr[:, :host.length]):
+            raise AssertionError("device cache differs from the host cache after compaction")
+    return {"rows_compared": host.length}
+
+
+TORCH_DEVICE = "cuda"  # --torch-device cpu: a dry run of the torch sections on a machine without a GPU
+
+
+def _sync() -> None:
+    import torch
+
+    if TORCH_DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def torch_generator(bundle: Path, **options):
     import specrt
     from specrt.engines.torch_backend import TorchDecoder
-    from specrt.manifest import load_manifest
 
     gen = specrt.load(bundle, backend="torch")
-    print(f"torch backend on {torch.cuda.get_device_name(0)}")
-    ok = parity(gen, ref, "torch-cuda")
+    for role, entry in gen.manifest.models.items():
+        dec = TorchDecoder(bundle, entry, device=TORCH_DEVICE, **options)
+        gen.decoders[role] = dec
+        gen._models[role].decoder = dec
+        gen._models[role].cache = dec.new_cache(gen.manifest.max_context)
+    return gen
+
+
+def greedy_parity(gen, ref) -> dict:
+    out = {}
+    for method in ("none", "draft", "tree"):
+        got = [gen.generate(p, max_new_tokens=32, method=method).token_ids for p in PROMPTS]
+        want = [ref.generate(p, max_new_tokens=32, method=method).token_ids for p in PROMPTS]
+        if got != want:
+            raise AssertionError(f"greedy {method}: tokens differ from ONNX Runtime CPU: {got} vs {want}")
+        st = gen.generate(PROMPTS[0], max_new_tokens=64, method=method).stats
+        out[method] = {"tokens_per_second": round(st.tokens_per_second, 1),
+                       "tokens_per_target_pass": round(st.tokens_per_target_pass, 2),
+                       "d2h_bytes_per_target_pass": round(st.d2h_bytes_per_target_pass)}
+    return out
+
+
+def sampled_parity(bundle: Path) -> dict:
+    on_gpu, copied = torch_generator(bundle, use_graphs=False), torch_generator(bundle, use_graphs=False,
+                                                                               device_logits=False)
+    bytes_per_pass = {}
+    for kw in SAMPLED:
+        for method in ("none", "draft"):
+            for seed in range(3):
+                a = on_gpu.generate(PROMPTS[1], max_new_tokens=24, method=method, seed=seed, **kw)
+                b = copied.generate(PROMPTS[1], max_new_tokens=24, method=method, seed=seed, **kw)
+                if a.token_ids != b.token_ids:
+                    raise AssertionError(f"{method} {kw} seed {seed}: logits on the GPU gave other tokens")
+            bytes_per_pass[f"{method} {kw}"] = [round(a.stats.d2h_bytes_per_target_pass),
+                                                round(b.stats.d2h_bytes_per_target_pass)]
+    return {"d2h_bytes_per_target_pass [logits on GPU, copied]": bytes_per_pass}
+
+
+def verify_latency(bundle: Path) -> dict:
+    from specrt.engines.torch_backend import TorchDecoder
+    from specrt.manifest import load_manifest
+    from specrt.runtime.masks import causal_mask
+
     entry = load_manifest(bundle).target
+    out = {}
     for graphs in (False, True):
-        ms = time_verify(TorchDecoder(bundle, entry, use_graphs=graphs), torch.cuda.synchronize)
-        print(f"torch verify step (Q=5, past 200) {'CUDA graph' if graphs else 'eager     '}: {ms:.3f} ms")
-    return ok
+        if graphs and TORCH_DEVICE != "cuda":
+            continue  # CUDA graphs need CUDA
+        dec = TorchDecoder(bundle, entry, device=TORCH_DEVICE, use_graphs=graphs)
+        cache = dec.new_cache(256)
+        past, q = 200, 5
+        dec.forward(cache, np.arange(past) % 100, np.arange(past), causal_mask(past, 0))
+        cache.advance(past)
+        ids, pos, mask = np.arange(q), np.arange(past, past + q), causal_mask(q, past)
+        for _ in range(5):
+            dec.forward(cache, ids, pos, mask)
+        _sync()
+        ts = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            dec.forward(cache, ids, pos, mask)
+            _sync()
+            ts.append(time.perf_counter() - t0)
+        out["cuda_graph_ms" if graphs else "eager_ms"] = round(float(np.median(ts)) * 1e3, 3)
+    if "cuda_graph_ms" in out:
+        out["graph_speedup"] = round(out["eager_ms"] / out["cuda_graph_ms"], 2)
+    return out
 
 
-def tensorrt_section(bundle: Path, ref) -> bool:
-    from specrt.runtime.backends.tensorrt import TrtDecoder, _trt_available
+def tensorrt_check(bundle: Path, ref) -> tuple[str, dict]:
+    from specrt.runtime.backends.tensorrt import _trt_available
 
     if not _trt_available():
-        print("SKIP TensorRT backend: tensorrt or cuda-python is not importable")
-        return True
+        return "SKIP", {"reason": "tensorrt or cuda-python is not importable"}
     import specrt
     from specrt.engines.tensorrt_build import BuildOptions, build_bundle_engines
-    from specrt.manifest import load_manifest
 
     work = Path(tempfile.mkdtemp()) / "bundle"
     shutil.copytree(bundle, work)
-    t0 = time.perf_counter()
-    build_bundle_engines(work, BuildOptions(max_context=512, max_prompt=256, max_verify=32))
-    print(f"TensorRT engines built in {time.perf_counter() - t0:.0f} s")
-    ok = parity(specrt.load(work, backend="tensorrt"), ref, "tensorrt")
-    entry = load_manifest(work).target
-    for graphs in (False, True):
-        dec = TrtDecoder(work, entry, graphs=graphs)
-        ms = time_verify(dec, dec.memory.synchronize)
-        print(f"TensorRT verify step (Q=5, past 200) {'CUDA graph' if graphs else 'eager     '}: {ms:.3f} ms")
-    return ok
+    build_bundle_engines(work, BuildOptions(max_context=256, max_prompt=64, max_verify=32))
+    gen = specrt.load(work, backend="tensorrt")
+    return "PASS", greedy_parity(gen, ref)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--bundle", default=None)
+    p = argparse.ArgumentParser(description="GPU checks; one JSON of results.")
+    p.add_argument("--json", type=Path, default=Path("gpu-check.json"))
+    p.add_argument("--bundle", type=Path, default=None, help="[default: a tiny pair built here from configs]")
+    p.add_argument("--torch-device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: dry-run the torch sections (no CUDA graphs) where there is no GPU")
     args = p.parse_args()
-    import specrt
+    global TORCH_DEVICE
+    TORCH_DEVICE = args.torch_device
+    report = Report()
+    report.run("environment", environment)
+    env = report.results["environment"]
+    has_cuda = (env.get("cuda_available") or TORCH_DEVICE == "cpu") and env.get("torch")
+    bundle = args.bundle
+    if bundle is None:
+        work = Path(tempfile.mkdtemp(prefix="specrt-gpu-check-"))
+        report.run("build tiny pair", lambda: {"bundle": str(build_pair(work))})
+        bundle = work / "bundle"
+    if not (bundle / "specrt.json").is_file():
+        report.record("bundle", "FAIL", error=f"no bundle at {bundle}")
+    else:
+        import specrt
 
-    ref = specrt.load(args.bundle, backend="onnxruntime")
-    bundle = ref.bundle
-    print(f"reference: onnxruntime {ref.decoders['target'].provider}, bundle {bundle}")
-    ok = torch_section(bundle, ref)
-    ok &= tensorrt_section(bundle, ref)
-    return 0 if ok else 1
+        ref = specrt.load(bundle, backend="onnxruntime")
+        if env.get("cuda_bindings_devices"):
+            report.run("device KV cache vs host (cuda-bindings)", lambda: kv_cache_check(bundle))
+        else:
+            report.record("device KV cache vs host (cuda-bindings)", "SKIP", reason="no cuda-bindings or no GPU")
+        if has_cuda:
+            report.run("torch CUDA eager: greedy == ONNX Runtime CPU",
+                       lambda: greedy_parity(torch_generator(bundle, use_graphs=False), ref))
+            if TORCH_DEVICE == "cuda":
+                report.run("torch CUDA graphs: greedy == ONNX Runtime CPU",
+                           lambda: greedy_parity(torch_generator(bundle, use_graphs=True), ref))
+            report.run("torch CUDA logits on the GPU: sampled == copied", lambda: sampled_parity(bundle))
+            report.run("torch verify latency, CUDA graph vs eager", lambda: verify_latency(bundle))
+        else:
+            for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency"):
+                report.record(name, "SKIP", reason="torch sees no CUDA device")
+        report.run("TensorRT engines: greedy == ONNX Runtime CPU", lambda: tensorrt_check(bundle, ref))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report.results, indent=2, default=str))
+    print(f"wrote {args.json}")
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -232,9 +232,9 @@ def test_tensorrt_engines_give_the_tokens_of_onnxruntime(close_bundle, tmp_path)
 
     bundle = tmp_path / "bundle"
     shutil.copytree(close_bundle, bundle)
-    build_bundle_engines(bundle, BuildOptions(precision="fp16", max_context=256, max_prompt=64, max_verify=16))
+    build_bundle_engines(bundle, BuildOptions(max_context=256, max_prompt=64, max_verify=16))  # fp32, as the graphs
     reference, gen = specrt.load(close_bundle, threads=1), specrt.load(bundle, backend="tensorrt")
-    for prompt in PROMPTS:  # fp16 engines vs fp32 ORT: compare the first tokens, where ties are unlikely
+    for prompt in PROMPTS:  # other kernels than ORT's: compare the first tokens, where near-ties are unlikely
         want = reference.generate(prompt, max_new_tokens=8, method="none").token_ids
         assert gen.generate(prompt, max_new_tokens=8, method="draft", gamma=4).token_ids == want
 
