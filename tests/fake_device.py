@@ -33,7 +33,8 @@ class HostMemory:
         self.copies_2d = self.host_copies = 0
 
     def malloc(self, nbytes: int) -> int:
-        block = np.full(max(nbytes, 1), 0xAB, np.uint8)  # garbage, as cudaMalloc gives
+        raw = np.full(max(nbytes, 1) + 256, 0xAB, np.uint8)  # garbage, as cudaMalloc gives
+        block = raw[-raw.ctypes.data % 256:][:max(nbytes, 1)]  # 256-byte aligned, as cudaMalloc's
         self._blocks.append(block)
         return block.ctypes.data
 
@@ -84,6 +85,8 @@ class OrtEngineContext:
         return True
 
     def set_tensor_address(self, name: str, ptr: int) -> bool:
+        if ptr % 256:
+            return False  # as TensorRT: tensor addresses must be 256-byte aligned
         self.addresses[name] = ptr
         return True
 

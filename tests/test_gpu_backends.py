@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -278,3 +279,28 @@ def test_a_refused_tensorrt_binding_is_an_error_not_a_stale_run(close_bundle, re
     cache = dec.new_cache(64)
     with pytest.raises(SpecrtError, match=match):
         dec.forward(cache, np.array([1, 2, 3]), np.arange(3), causal_mask(3, 0))
+
+
+@pytest.mark.parametrize("row_bytes", [64, 128, 256, 384])
+def test_every_tensorrt_binding_is_aligned_whatever_the_row_size(row_bytes):
+    """New K/V at ptr + past * row_bytes are 256-byte aligned only for some lengths: the eager pass
+    then writes to an aligned scratch block and copies the rows into the cache afterwards."""
+    from specrt.contract import ModelDims
+    from specrt.manifest import ModelEntry
+    from specrt.runtime.backends.tensorrt import tensor_plan
+
+    dims = ModelDims(num_layers=2, num_heads=2, num_kv_heads=1, head_dim=row_bytes // 4, hidden_size=16,
+                     vocab_size=50)
+    entry = ModelEntry(file="x.onnx", source="x", architecture="llama", dtype="float32", dims=dims)
+    mem = HostMemory()
+    dec = TrtDecoder(Path("."), entry, context_factory=lambda profile: None, memory=mem, limits=LIMITS, graphs=False)
+    cache = DeviceKVCache(dims, 37, np.float32, mem)  # 37 rows: plane sizes that are no multiple of 256
+    in_place = 0
+    for past in range(0, 30):
+        cache.length = past
+        scratch = dec.scratch_for(cache)
+        in_place += scratch is None
+        plan = tensor_plan(past, 3, cache, dec.io, dims, new_kv=scratch.new_kv if scratch else None)
+        misaligned = {name: ptr % 256 for name, (_, ptr) in plan.items() if ptr % 256}
+        assert not misaligned, (row_bytes, past, misaligned)
+    assert in_place == {64: 8, 128: 15, 256: 30, 384: 15}[row_bytes]  # in place whenever it is aligned

@@ -23,6 +23,14 @@ class CudaError(SpecrtError):
     """A CUDA runtime call failed, or no CUDA runtime is usable here."""
 
 
+ALIGNMENT = 256  # TensorRT requires tensor addresses aligned to this; cudaMalloc returns such bases
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`ALIGNMENT`."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
 class DeviceMemory(Protocol):
     """What the GPU backends need from a device: raw allocations and asynchronous copies on one stream."""
 
@@ -154,7 +162,9 @@ class DeviceKVCache(CacheLength):
         super().__init__(max_context)
         self.memory = memory
         self.row_bytes = dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
-        self.plane_bytes = max_context * self.row_bytes
+        # Planes (one per layer and K|V) start on aligned addresses whatever a row's size; the pad
+        # after each plane's last row is never read (the strided copies use plane_bytes as pitch).
+        self.plane_bytes = aligned(max_context * self.row_bytes)
         self.planes = 2 * dims.num_layers
         self.base = memory.malloc(self.planes * self.plane_bytes)
         memory.memset(self.base, 0, self.planes * self.plane_bytes)

@@ -21,7 +21,7 @@ from ... import contract as C
 from ...errors import ConfigError, ContextLengthError, SpecrtError
 from ...manifest import Manifest, ModelEntry, load_manifest
 from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
-from ..device import CudaMemory, DeviceKVCache, DeviceMemory
+from ..device import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
 from .base import DecoderOutput, register_backend
 from .onnxruntime import OrtHeads
 
@@ -70,7 +70,7 @@ def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int],
                 new_kv: list[tuple[int, int]] | None = None) -> dict[str, tuple[tuple[int, ...], int]]:
     """Name → (shape, device address) for one forward: the past is a prefix of each cache plane and the
     new K/V land right after it (``ptr + past * row_bytes``) unless ``new_kv`` gives other (key, value)
-    addresses per layer; ``io`` holds the fixed I/O buffers."""
+    addresses per layer (a scratch block: see :class:`Scratch`); ``io`` holds the fixed I/O buffers."""
     kv, offset = (dims.num_kv_heads, dims.head_dim), past * cache.row_bytes
     plan: dict[str, tuple[tuple[int, ...], int]] = {
         C.INPUT_IDS: ((1, q_len), io[C.INPUT_IDS]),
@@ -215,11 +215,34 @@ def _heads(bundle_dir: Path, file: str, threads: int | None = None):
     return OrtHeads(bundle_dir, file, threads)
 
 
+class Scratch:
+    """Where new K/V go when the cache cannot take them in place: TensorRT needs 256-byte aligned
+    addresses, and ``ptr + past * row_bytes`` is aligned only when past * row_bytes is a multiple of
+    256 (always for 256-byte rows, every 4th position for 64-byte rows, never guaranteed for 384).
+    Planes like the cache's (K0, V0, K1, ...), each starting aligned; after the pass ONE strided copy
+    moves the Q rows of every plane into the cache at its length."""
+
+    def __init__(self, memory: DeviceMemory, cache: DeviceKVCache, rows: int) -> None:
+        self.memory, self.rows, self.row_bytes, self.planes = memory, rows, cache.row_bytes, cache.planes
+        self.pitch = aligned(rows * cache.row_bytes)
+        self.base = memory.malloc(self.planes * self.pitch)
+        ptrs = [self.base + p * self.pitch for p in range(self.planes)]
+        self.new_kv = list(zip(ptrs[::2], ptrs[1::2]))
+
+    def commit(self, cache: DeviceKVCache, q_len: int) -> None:
+        """Copy the first ``q_len`` rows of every scratch plane into the cache right after its valid rows."""
+        rb = self.row_bytes
+        self.memory.copy_2d(cache.base + cache.length * rb, cache.plane_bytes, self.base, self.pitch, q_len * rb,
+                            self.planes)
+
+
 def bind(ctx: Any, plan: dict[str, tuple[tuple[int, ...] | None, int]]) -> None:
     """Set each tensor's shape (inputs: a shape; outputs: None) and address on an execution context.
     TensorRT answers a refused setting (a shape outside the profile, an address it cannot use) with
     False and carries on; going on would run on stale bindings, so a refusal is an error here."""
     for name, (shape, ptr) in plan.items():
+        if ptr % ALIGNMENT:
+            raise SpecrtError(f"internal: {name!r} would be bound at {ptr:#x}, not {ALIGNMENT}-byte aligned")
         if shape is not None and not ctx.set_input_shape(name, tuple(shape)):
             raise SpecrtError(f"TensorRT refused the shape {tuple(shape)} for {name!r} (outside the engine's "
                               "optimization profile: rebuild with larger --max-prompt/--max-verify/--max-context)")
@@ -267,14 +290,11 @@ class _Graph:
         d, m = decoder.entry.dims, decoder.memory
         self.bucket, self.rows, self.cache = bucket, rows, cache
         self.ctx = decoder.context_factory(VERIFY)
-        rb = cache.row_bytes
-        self.scratch = m.malloc(cache.planes * bucket * rb)
+        self.scratch = Scratch(m, cache, bucket)
         self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype)
         self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
                    C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs}
-        scratch_planes = [self.scratch + p * bucket * rb for p in range(cache.planes)]  # K0, V0, K1, ...
-        decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d,
-                                           new_kv=list(zip(scratch_planes[::2], scratch_planes[1::2]))))
+        decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d, new_kv=self.scratch.new_kv))
         m.memset(self.io[C.ATTENTION_MASK], 1, bucket * (rows + bucket))  # a defined warm-up input
         m.memset(self.io[C.INPUT_IDS], 0, bucket * 8)
         m.memset(self.io[C.POSITION_IDS], 0, bucket * 8)
@@ -289,8 +309,7 @@ class _Graph:
         m.to_device(self.io[C.POSITION_IDS], pad_to(np.asarray(position_ids, np.int64), b, fill=past))
         m.to_device(self.io[C.ATTENTION_MASK], static_mask(np.asarray(mask, bool), past, self.rows, b))
         m.replay(self.graph)
-        rb = cache.row_bytes
-        m.copy_2d(cache.base + past * rb, cache.plane_bytes, self.scratch, b * rb, q_len * rb, cache.planes)
+        self.scratch.commit(cache, q_len)
         return self.outputs.fetch(q_len)
 
 
@@ -324,6 +343,7 @@ class TrtDecoder:
         self.outputs = _Outputs(memory, q, d, self.kv_dtype)
         self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
                    C.ATTENTION_MASK: memory.malloc(limits.mask_elements), **self.outputs.ptrs}
+        self._scratch: Scratch | None = None  # new K/V of eager passes at a misaligned length
         self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK,
                         *(C.past_key(i) for i in range(d.num_layers)),
                         *(C.past_value(i) for i in range(d.num_layers))}
@@ -370,6 +390,15 @@ class TrtDecoder:
         copied = 0 if self.outputs.mapped else logits.nbytes + hidden.nbytes  # host-mapped: read in place
         return DecoderOutput(logits=logits, hidden=hidden, copied_bytes=copied)
 
+    def scratch_for(self, cache: DeviceKVCache) -> Scratch | None:
+        """Where an eager pass writes its new K/V: in place (None) when the cache's length puts them on
+        an aligned address, else the decoder's scratch block."""
+        if (cache.length * cache.row_bytes) % ALIGNMENT == 0:
+            return None
+        if self._scratch is None or self._scratch.row_bytes != cache.row_bytes:
+            self._scratch = Scratch(self.memory, cache, self.limits.max_q)
+        return self._scratch
+
     def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         q_len, past, m = len(input_ids), cache.length, self.memory
@@ -377,6 +406,10 @@ class TrtDecoder:
         m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
         m.to_device(self.io[C.POSITION_IDS], np.ascontiguousarray(position_ids, dtype=np.int64))
         m.to_device(self.io[C.ATTENTION_MASK], np.ascontiguousarray(mask, dtype=bool))
-        self.bind(ctx, tensor_plan(past, q_len, cache, self.io, self.entry.dims))
+        scratch = self.scratch_for(cache)
+        self.bind(ctx, tensor_plan(past, q_len, cache, self.io, self.entry.dims,
+                                   new_kv=scratch.new_kv if scratch else None))
         self.execute(ctx)
+        if scratch:
+            scratch.commit(cache, q_len)
         return self.outputs.fetch(q_len)
