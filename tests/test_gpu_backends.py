@@ -304,3 +304,80 @@ def test_every_tensorrt_binding_is_aligned_whatever_the_row_size(row_bytes):
         misaligned = {name: ptr % 256 for name, (_, ptr) in plan.items() if ptr % 256}
         assert not misaligned, (row_bytes, past, misaligned)
     assert in_place == {64: 8, 128: 15, 256: 30, 384: 15}[row_bytes]  # in place whenever it is aligned
+
+
+class FakeCudart:
+    """The cuda.bindings.runtime calls CudaMemory makes around a capture, answering as the real
+    functions do ((error, value) tuples, error 0 = success), and a log of them."""
+
+    class cudaStreamCaptureMode:
+        cudaStreamCaptureModeThreadLocal = 1
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def _call(self, name, *result):
+        self.log.append(name)
+        return (0, *result)
+
+    def cudaStreamBeginCapture(self, stream, mode):
+        return self._call("begin")
+
+    def cudaStreamEndCapture(self, stream):
+        # After a failure inside the capture the real call reports the invalidated capture.
+        return (901, None) if "raised" in self.log else self._call("end", "graph")
+
+    def cudaGraphInstantiate(self, graph, flags):
+        return self._call("instantiate", "executable")
+
+    def cudaGraphDestroy(self, graph):
+        return self._call("destroy graph")
+
+    def cudaGraphExecDestroy(self, graph):
+        return self._call("destroy executable")
+
+    def cudaStreamSynchronize(self, stream):
+        return self._call("sync")
+
+    def cudaStreamDestroy(self, stream):
+        return self._call("destroy stream")
+
+    def cudaFree(self, ptr):
+        return self._call("free")
+
+    def cudaFreeHost(self, ptr):
+        return self._call("free host")
+
+    def cudaGetErrorName(self, err):
+        return (0, b"cudaErrorStreamCaptureInvalidated")
+
+
+def _cuda_memory_on(rt):
+    from specrt.runtime.device import CudaMemory
+
+    mem = object.__new__(CudaMemory)  # what __init__ sets, without a device
+    mem._rt, mem.stream, mem.integrated, mem._owned, mem._owned_host, mem._graphs = rt, "stream", False, [], [], []
+    return mem
+
+
+def test_a_failure_inside_a_capture_is_the_error_raised_not_the_capture_s():
+    rt = FakeCudart()
+    mem = _cuda_memory_on(rt)
+
+    def work():
+        rt.log.append("raised")
+        raise ValueError("the real problem")
+
+    with pytest.raises(ValueError, match="the real problem"):
+        mem.capture(work)
+    assert rt.log == ["begin", "raised"] and mem._graphs == []
+
+
+def test_captured_graphs_and_the_stream_are_released():
+    rt = FakeCudart()
+    mem = _cuda_memory_on(rt)
+    assert mem.capture(lambda: None) == "executable"
+    assert rt.log == ["begin", "end", "instantiate", "destroy graph"]
+    mem._owned.append(1)
+    mem.__del__()
+    assert rt.log[4:] == ["sync", "destroy executable", "free", "destroy stream"]

@@ -74,6 +74,7 @@ class CudaMemory:
         self.integrated = bool(props.integrated)
         self._owned: list[int] = []
         self._owned_host: list[int] = []
+        self._graphs: list[object] = []  # instantiated graphs, destroyed with this memory
 
     def _check(self, result, what: str):
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -119,19 +120,36 @@ class CudaMemory:
         self._check(rt.cudaStreamBeginCapture(self.stream, mode), "cudaStreamBeginCapture")
         try:
             work()
-        finally:  # always end the capture, or the stream stays unusable
-            graph = self._check(rt.cudaStreamEndCapture(self.stream), "cudaStreamEndCapture")
-        return self._check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        except BaseException:
+            # End the capture so the stream stays usable; its own error (the capture is invalid now)
+            # would only hide the one that matters, so it is not checked.
+            rt.cudaStreamEndCapture(self.stream)
+            raise
+        graph = self._check(rt.cudaStreamEndCapture(self.stream), "cudaStreamEndCapture")
+        try:
+            executable = self._check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        finally:
+            rt.cudaGraphDestroy(graph)  # the executable is independent of the graph it was made from
+        self._graphs.append(executable)
+        return executable
 
     def replay(self, graph: object) -> None:
         self._check(self._rt.cudaGraphLaunch(graph, self.stream), "cudaGraphLaunch")
 
     def __del__(self) -> None:  # the process may be exiting: never raise from here
         rt = getattr(self, "_rt", None)
+        if rt is None:
+            return
+        if getattr(self, "stream", None) is not None:
+            rt.cudaStreamSynchronize(self.stream)  # nothing in flight uses what is freed below
+        for graph in getattr(self, "_graphs", []):
+            rt.cudaGraphExecDestroy(graph)
         for ptr in getattr(self, "_owned", []):
             rt.cudaFree(ptr)
         for ptr in getattr(self, "_owned_host", []):
             rt.cudaFreeHost(ptr)
+        if getattr(self, "stream", None) is not None:
+            rt.cudaStreamDestroy(self.stream)
 
 
 def compaction_copies(start: int, keep: np.ndarray) -> list[tuple[int, int, int]]:
