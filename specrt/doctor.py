@@ -52,6 +52,66 @@ def jetson_info(tegra_release: Path = TEGRA_RELEASE, dt_model: Path = DT_MODEL) 
     return JetsonInfo(model, l4t, jetpack, power)
 
 
+# L4T release (major.minor) → the TensorRT major.minor its JetPack ships.
+_JETPACK_TENSORRT = {"35.4": "8.5", "35.5": "8.5", "35.6": "8.5", "36.2": "8.6", "36.3": "8.6", "36.4": "10.3"}
+_CUDA_BINDINGS_FOR_DRIVER = {12: "cuda-bindings>=12.6,<13", 13: "cuda-bindings>=13,<14"}
+
+
+def install_conflicts(distributions: set[str], cuda_bindings: str | None, driver_cuda: int | None,
+                      tensorrt: str | None, jetson: JetsonInfo | None) -> list[str]:
+    """What is installed together that cannot work together, each with its fix.
+
+    ``distributions``: installed distribution names; ``driver_cuda``: the driver's CUDA version as
+    cudaDriverGetVersion gives it (12040 = 12.4); ``tensorrt``: the importable TensorRT's version."""
+    notes = []
+    if {"onnxruntime", "onnxruntime-gpu"} <= distributions:
+        notes.append("onnxruntime and onnxruntime-gpu are both installed; they share one folder, so the CUDA "
+                     "provider may silently be missing. Fix: pip uninstall -y onnxruntime onnxruntime-gpu && "
+                     "pip install onnxruntime-gpu")
+    if cuda_bindings and driver_cuda:
+        major, driver_major = int(cuda_bindings.split(".")[0]), driver_cuda // 1000
+        if major > driver_major:
+            fix = _CUDA_BINDINGS_FOR_DRIVER.get(driver_major, f"cuda-bindings<{driver_major + 1}")
+            notes.append(f"cuda-bindings {cuda_bindings} needs a CUDA {major} driver, this driver runs CUDA "
+                         f"{driver_major}.{driver_cuda % 1000 // 10} (GPUs look absent). Fix: pip install '{fix}'")
+    if jetson and jetson.l4t and tensorrt:
+        want = _JETPACK_TENSORRT.get(".".join(jetson.l4t.split(".")[:2]))
+        if want and not tensorrt.startswith(want + "."):
+            notes.append(f"TensorRT {tensorrt} is not JetPack {jetson.jetpack}'s ({want}.x): a pip-installed TensorRT "
+                         "does not match the Jetson's drivers. Fix: pip uninstall tensorrt, use JetPack's "
+                         "(apt install tensorrt python3-libnvinfer)")
+    return notes
+
+
+def _driver_cuda() -> int | None:
+    """The driver's CUDA version (12040 = 12.4), from cuda-bindings or nvidia-smi; None without a driver."""
+    try:
+        from cuda.bindings import runtime as cudart
+
+        err, version = cudart.cudaDriverGetVersion()
+        if int(err) == 0 and version:
+            return int(version)
+    except ImportError:
+        pass
+    if shutil.which("nvidia-smi"):
+        import re
+
+        try:
+            out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        found = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out)
+        if found:
+            return int(found.group(1)) * 1000 + int(found.group(2)) * 10
+    return None
+
+
+def _distributions() -> set[str]:
+    from importlib.metadata import distributions
+
+    return {(d.metadata["Name"] or "").lower().replace("_", "-") for d in distributions()}
+
+
 def _version(module: str) -> str | None:
     try:
         return getattr(importlib.import_module(module), "__version__", "installed")
@@ -126,6 +186,8 @@ def diagnose() -> Report:
         report.backend += f" ({choose_providers(providers)[0]})"
     if "CUDAExecutionProvider" in providers and not gpus:
         report.notes.append("onnxruntime-gpu lists CUDA but no GPU is visible: sessions will fall back to CPU")
+    report.notes += install_conflicts(_distributions(), packages["cuda.bindings"], _driver_cuda(),
+                                      packages["tensorrt"], report.jetson)
     if gpus and not packages["tensorrt"]:
         report.notes.append("a GPU is present but TensorRT is not importable: pip install 'specrt[trt]' on x86-64, "
                             "or use JetPack's TensorRT on Jetson")

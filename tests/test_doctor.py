@@ -29,3 +29,45 @@ def test_doctor_on_this_machine():
     data = json.loads(CliRunner().invoke(main, ["doctor", "--json"]).output)
     assert data["python"] and "CPUExecutionProvider" in data["ort_providers"]
     assert data["backend"].startswith("onnxruntime")
+
+
+def test_install_conflicts_are_named_with_their_fix():
+    from specrt.doctor import JetsonInfo, install_conflicts
+
+    assert install_conflicts({"onnxruntime", "numpy"}, "12.9.0", 12040, None, None) == []
+    both = install_conflicts({"onnxruntime", "onnxruntime-gpu"}, None, None, None, None)
+    assert len(both) == 1 and "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" in both[0]
+    (too_new,) = install_conflicts(set(), "13.5.0", 12040, None, None)  # CUDA 13 bindings on a CUDA 12.4 driver
+    assert "CUDA 12.4" in too_new and "cuda-bindings>=12.6,<13" in too_new
+    assert install_conflicts(set(), "12.9.0", 13000, None, None) == []  # older bindings on a newer driver: fine
+    orin = JetsonInfo(model="NVIDIA Jetson AGX Orin", l4t="36.4.3", jetpack="6.1/6.2", power_mode=None)
+    assert install_conflicts(set(), None, None, "10.3.0.30", orin) == []
+    (pip_trt,) = install_conflicts(set(), None, None, "10.13.3.9", orin)
+    assert "JetPack 6.1/6.2's (10.3.x)" in pip_trt and "use JetPack's" in pip_trt
+
+
+def test_a_driver_older_than_cuda_bindings_is_not_reported_as_no_gpu(monkeypatch):
+    import sys
+    import types
+
+    from specrt.engines.tensorrt_build import TensorRTUnavailable, require_tensorrt
+
+    class Err(int):
+        pass
+
+    runtime = types.SimpleNamespace(cudaError_t=types.SimpleNamespace(cudaErrorInsufficientDriver=Err(35)),
+                                    cudaGetDeviceCount=lambda: (Err(35), None))
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = runtime
+    cuda = types.ModuleType("cuda")
+    cuda.bindings = bindings
+    monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
+    monkeypatch.setitem(sys.modules, "cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", runtime)
+    try:
+        require_tensorrt()
+    except TensorRTUnavailable as e:
+        assert "driver is older" in str(e) and "no NVIDIA GPU" not in str(e)
+    else:
+        raise AssertionError("require_tensorrt accepted a driver too old for cuda-bindings")

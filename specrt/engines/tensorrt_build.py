@@ -131,10 +131,14 @@ def require_tensorrt():
         from cuda.bindings import runtime as cudart
 
         err, count = cudart.cudaGetDeviceCount()
+        if int(err) == int(cudart.cudaError_t.cudaErrorInsufficientDriver):
+            raise TensorRTUnavailable("the NVIDIA driver is older than the CUDA this cuda-bindings needs (not a "
+                                      "missing GPU): install the cuda-bindings matching the driver, e.g. "
+                                      "pip install 'cuda-bindings>=12.6,<13' for a CUDA 12 driver; see specrt doctor")
         if int(err) != 0 or count < 1:
             raise TensorRTUnavailable("no NVIDIA GPU is visible (cudaGetDeviceCount found none)")
     except ImportError:
-        raise TensorRTUnavailable("cuda-python is missing: pip install 'specrt[trt]'") from None
+        raise TensorRTUnavailable("cuda-bindings is missing: pip install 'specrt[trt]'") from None
     return trt
 
 

@@ -66,7 +66,7 @@ class CudaMemory:
         try:
             from cuda.bindings import runtime as cudart
         except ImportError:
-            raise CudaError("cuda-python is missing: pip install 'specrt[gpu]'") from None
+            raise CudaError("cuda-bindings is missing: pip install 'specrt[gpu]'") from None
         self._rt = cudart
         self._check(cudart.cudaSetDevice(device), "cudaSetDevice")
         self.stream = self._check(cudart.cudaStreamCreate(), "cudaStreamCreate")
