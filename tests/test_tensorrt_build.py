@@ -4,6 +4,7 @@ TensorRT is absent); the engine build itself runs where TensorRT and a GPU exist
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -138,7 +139,7 @@ def test_build_runs_its_whole_call_sequence_on_both_tensorrt_generations(version
     opts = BuildOptions(max_context=64, max_prompt=32, max_verify=48)  # max_verify > max_context / 2 too
     engine = tmp_path / "t.engine"
     tensorrt_build.build_engine(bundle / m.target.file, engine, profiles(m.target, opts), opts, tmp_path / "timing")
-    assert engine.read_bytes() == b"engine:strongly-typed" and (tmp_path / "timing").is_file()
+    assert json.loads(engine.read_bytes())["strongly_typed"] and (tmp_path / "timing").is_file()
     (_, network, config), = trt.calls
     assert network.strongly_typed and config.flags == []  # the graph's types decide, no precision flags
     assert len(config.profiles) == 2 and set(config.profiles[1].shapes) == set(profiles(m.target, opts)[1])
@@ -150,3 +151,35 @@ def test_precision_comes_from_the_graphs():
     assert resolve_precision([ENTRY, ENTRY], None) == "fp16" and resolve_precision([ENTRY], "fp16") == "fp16"
     with pytest.raises(ConfigError, match="export with --dtype bf16"):
         resolve_precision([ENTRY], "bf16")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, close_bundle, tmp_path, monkeypatch):
+    """specrt build, then specrt run with backend tensorrt: the runtime's whole call sequence (engine
+    check, deserialisation, a context per profile, bindings, graph capture) against the stand-in of
+    each TensorRT generation, on host memory; greedy tokens equal ONNX Runtime's."""
+    import shutil
+    import sys
+
+    from fake_device import HostMemory
+    from trt_standin import fake_cudart
+
+    import specrt
+    from specrt.engines import tensorrt_build
+    from specrt.runtime.backends import tensorrt as trt_backend
+
+    trt = make_tensorrt(version)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    for name, module in fake_cudart().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(trt_backend, "CudaMemory", HostMemory)
+    bundle = tmp_path / "bundle"
+    shutil.copytree(close_bundle, bundle)
+    built = tensorrt_build.build_bundle_engines(bundle, BuildOptions(max_context=128, max_prompt=64, max_verify=16))
+    assert built["target"]["tensorrt"] == version and built["target"]["options"]["precision"] == "fp32"
+    gen, reference = specrt.load(bundle), specrt.load(close_bundle, threads=1)
+    assert gen.decoders["target"].provider == "TensorRT"  # auto picks the engines
+    for method in ("none", "draft", "tree"):
+        assert (gen.generate("def fib(n):", max_new_tokens=20, method=method).token_ids
+                == reference.generate("def fib(n):", max_new_tokens=20, method=method).token_ids), method
+    assert [c.profile for c in gen.decoders["target"].contexts] == [0, 1]

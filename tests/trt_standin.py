@@ -1,6 +1,8 @@
 """Stand-in ``tensorrt`` modules shaped by the names of the real bindings (tests/data/tensorrt-api/).
 
-The builder's whole call sequence runs against them on a CPU: a class, method or enum member exists
+The builder's and the runtime's whole call sequences run against them on a CPU (an "engine" is the
+ONNX graph it was built from, executed by ONNX Runtime on the addresses bound to its execution
+context, see fake_device.OrtEngineContext): a class, method or enum member exists
 in the stand-in of a version only if that version's bindings carry the name (or, for precision
 flags, the member's own docstring, since "BF16" also names a DataType). So code written against one
 TensorRT fails here as it would against the other: ``trt.BuilderFlag.FP16`` is an AttributeError on
@@ -9,9 +11,11 @@ TensorRT fails here as it would against the other: ``trt.BuilderFlag.FP16`` is a
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 API_DIR = Path(__file__).parent / "data" / "tensorrt-api"
@@ -102,7 +106,8 @@ def make_tensorrt(version: str) -> types.ModuleType:
 
     def build_serialized_network(self, network, config):
         trt.calls.append(("build", network, config))
-        return memoryview(b"engine:" + (b"strongly-typed" if network.strongly_typed else b"weakly-typed"))
+        return memoryview(json.dumps({"onnx": network.source, "strongly_typed": network.strongly_typed,
+                                      "profiles": len(config.profiles)}).encode())
 
     method(Builder, "create_network", lambda self, flags=0: INetworkDefinition(flags))
     method(Builder, "create_builder_config", lambda self: IBuilderConfig())
@@ -115,12 +120,59 @@ def make_tensorrt(version: str) -> types.ModuleType:
 
     def parse_from_file(self, path: str) -> bool:
         onnx.load(path, load_external_data=False)  # a real parse of the graph's structure
+        self.network.source = path
         return True
 
     method(OnnxParser, "parse_from_file", parse_from_file)
     method(OnnxParser, "get_error", lambda self, i: self.errors[i])
     OnnxParser.num_errors = property(lambda self: len(self.errors)) if "num_errors" in names else None
 
-    for cls in (Logger, Builder, OnnxParser):
+    from fake_device import OrtEngineContext
+
+    class IExecutionContext(OrtEngineContext):
+        def __init__(self, engine) -> None:
+            import onnxruntime as ort
+
+            super().__init__(ort.InferenceSession(engine.onnx, providers=["CPUExecutionProvider"]))
+            self.profile = None
+
+    method(IExecutionContext, "set_optimization_profile_async",
+           lambda self, index, stream: setattr(self, "profile", index) or True)
+    for name in ("set_input_shape", "set_tensor_address", "execute_async_v3"):
+        assert name in names, name  # inherited from the host stand-in: the real context has them too
+
+    class ICudaEngine:
+        def __init__(self, blob: bytes) -> None:
+            record = json.loads(bytes(blob))
+            self.onnx, self.num_optimization_profiles = record["onnx"], record["profiles"]
+
+    method(ICudaEngine, "create_execution_context", lambda self: IExecutionContext(self))
+
+    class Runtime:
+        def __init__(self, logger: Logger) -> None:
+            self.logger = logger
+
+    method(Runtime, "deserialize_cuda_engine", lambda self, blob: ICudaEngine(blob))
+
+    def nptype(trt_type):  # tensorrt_bindings/__init__.py: DataType -> numpy type
+        return np.dtype(trt_type).type
+
+    trt.nptype = nptype
+    for cls in (Logger, Builder, OnnxParser, Runtime):
         setattr(trt, cls.__name__, cls)
     return trt
+
+
+def fake_cudart(major: int = 9, minor: int = 0):
+    """The ``cuda.bindings.runtime`` calls made around builds and engine loading, for a GPU of
+    compute capability major.minor."""
+    props = types.SimpleNamespace(major=major, minor=minor, integrated=0)
+    runtime = types.ModuleType("cuda.bindings.runtime")
+    runtime.cudaGetDeviceProperties = lambda device: (0, props)
+    runtime.cudaGetDeviceCount = lambda: (0, 1)
+    runtime.cudaError_t = types.SimpleNamespace(cudaErrorInsufficientDriver=35)
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = runtime
+    cuda = types.ModuleType("cuda")
+    cuda.bindings = bindings
+    return {"cuda": cuda, "cuda.bindings": bindings, "cuda.bindings.runtime": runtime}
