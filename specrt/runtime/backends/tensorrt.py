@@ -379,7 +379,7 @@ class TrtDecoder:
 
     def forward(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray) -> DecoderOutput:
-        q_len, past = len(input_ids), cache.length
+        q_len = len(input_ids)
         cache.ensure_room(q_len)
         graph = self._graph_for(cache, q_len)
         if graph is not None:
