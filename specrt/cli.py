@@ -55,10 +55,17 @@ def main() -> None:
               help="Medusa heads for the target (from `specrt medusa train`): adds medusa.onnx and a static tree.")
 @click.option("--medusa-nodes", type=int, default=24, show_default=True,
               help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
+@click.option("--quantize", type=click.Choice(["int4", "int8"]), default=None,
+              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits.")
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128"]), default="32", show_default=True,
+              help="Weights per quantization scale (with --quantize).")
+@click.option("--draft-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
+              show_default=True, help="The draft's quantization (with --quantize).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 @_domain_errors
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
-           exporter: str, medusa: str | None, medusa_nodes: int, force: bool) -> None:
+           exporter: str, medusa: str | None, medusa_nodes: int, quantize: str | None, block_size: str,
+           draft_quantize: str, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures:
@@ -66,8 +73,9 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     a 5-token chain and a tree) before the bundle appears; the figures go into specrt.json.
 
     \b
-    Example:
+    Examples:
       specrt export ./llama-1b --draft ./llama-68m -o bundle --dtype fp16
+      specrt export ./llama-1b --draft ./llama-68m -o bundle-int4 --quantize int4
     """
     try:
         from .export.bundle import ExportOptions, export_bundle
@@ -82,6 +90,25 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     options = ExportOptions(dtype={"fp32": "float32", "fp16": "float16"}[dtype], opset=opset,
                             max_context=max_context, exporter=exporter, force=force, medusa=medusa,
                             medusa_nodes=medusa_nodes)
+    if quantize:
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from .export.quantize import describe, quantize_bundle
+        from .export.staging import check_output
+
+        qopts = _quantize_options(quantize, block_size, draft_quantize, force)
+        check_output(Path(output), force)  # before minutes of export, not after
+        float_dir = Path(tempfile.mkdtemp(prefix=f".{Path(output).name}.float-", dir=Path(output).resolve().parent))
+        try:
+            export_bundle(model, draft, float_dir / "bundle", options, RichReporter())
+            manifest = quantize_bundle(float_dir / "bundle", output, qopts, progress=click.echo)
+        finally:
+            shutil.rmtree(float_dir, ignore_errors=True)
+        click.echo(describe(manifest))
+        click.echo(f"done: {output} (max context {manifest.max_context})")
+        return
     manifest = export_bundle(model, draft, output, options, RichReporter())
     for role, entry in manifest.models.items():
         worst = max(entry.parity.values())
@@ -92,6 +119,44 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
         click.echo(f"medusa: {md.num_heads} heads, tree of {len(md.tree)} nodes, expected {md.expected_accepted:.2f} "
                    f"accepted tokens per pass (+1 from the target)")
     click.echo(f"done: {output} (max context {manifest.max_context})")
+
+
+def _quantize_options(quantize: str, block_size: str, draft_quantize: str, force: bool):
+    from .export.quantize import QuantizeOptions
+
+    bits = {"int4": 4, "int8": 8}
+    return QuantizeOptions(bits=bits[quantize], block_size=int(block_size), force=force,
+                           draft_bits="same" if draft_quantize == "same" else bits.get(draft_quantize))
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Quantized bundle to create.")
+@click.option("--bits", "quantize", type=click.Choice(["int4", "int8"]), default="int4", show_default=True)
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128"]), default="32", show_default=True,
+              help="Weights per quantization scale.")
+@click.option("--draft-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
+              show_default=True)
+@click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
+@_domain_errors
+def quantize(bundle: str, output: str, quantize: str, block_size: str, draft_quantize: str, force: bool) -> None:
+    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; no torch needed).
+
+    Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a
+    float copy for the lookup). Each graph must stay close to the float one in distribution (mean
+    KL and top-1 agreement on the shipped prompts) before OUT appears. Speculation stays exact with
+    respect to the quantized target.
+
+    \b
+    Example:
+      specrt quantize bundle -o bundle-int4 --bits int4 --block-size 32
+    """
+    from .export.quantize import describe, quantize_bundle
+
+    manifest = quantize_bundle(bundle, output, _quantize_options(quantize, block_size, draft_quantize, force),
+                               progress=click.echo)
+    click.echo(describe(manifest))
+    click.echo(f"done: {output}")
 
 
 def _gamma(value: str) -> int | str:

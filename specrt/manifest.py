@@ -29,6 +29,9 @@ class ModelEntry:
     parity_tolerance: float = 0.0
     # PyTorch's logits on a fixed prompt (top ids per position), for `specrt verify` on any backend.
     golden: dict[str, Any] | None = None
+    # Weight-only quantization (`specrt quantize`): bits, block size, quantized matmuls, bytes before and
+    # after, distributional parity against the float graph. None: the graph's weights are as exported.
+    quantization: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -48,7 +51,8 @@ class ModelEntry:
     def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
         return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
                    dims=ModelDims(**d["dims"]), parity=dict(d.get("parity", {})),
-                   parity_tolerance=float(d.get("parity_tolerance", 0.0)), golden=d.get("golden"))
+                   parity_tolerance=float(d.get("parity_tolerance", 0.0)), golden=d.get("golden"),
+                   quantization=d.get("quantization"))
 
 
 @dataclass(frozen=True)

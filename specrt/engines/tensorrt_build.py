@@ -109,6 +109,11 @@ def jetson_defaults(free_memory_mb: int, opts: BuildOptions) -> BuildOptions:
 def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
     """The engines' precision: the graphs' own (a strongly typed network computes in the ONNX types).
     Asking for another one is a one-line error naming the export that gives it."""
+    quantized = [e for e in entries if e.quantization]
+    if quantized:
+        raise ConfigError(f"this bundle is int{quantized[0].quantization['bits']} weight-only (ONNX Runtime's "
+                          "MatMulNBits), which TensorRT cannot parse; build engines from the float bundle it came "
+                          "from (weight-only TensorRT engines need a Q/DQ graph, which specrt does not produce yet)")
     found = {GRAPH_PRECISION.get(e.dtype, e.dtype) for e in entries}
     if len(found) != 1:
         raise ConfigError(f"the bundle's graphs have different precisions ({', '.join(sorted(found))})")

@@ -18,6 +18,7 @@ from .architectures import adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
 from .parity import check_parity, golden_logits
+from .staging import check_output as _check_output
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
@@ -42,18 +43,6 @@ class ExportOptions:
             raise ConfigError(f"max context must be at least 16, got {self.max_context}")
         if self.exporter not in EXPORTERS:
             raise ConfigError(f"exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
-
-
-def _check_output(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise OutputPathError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise OutputPathError(f"output folder {out} is not empty; pass --force to replace it")
-    parent = out.resolve().parent
-    if not parent.is_dir():
-        raise OutputPathError(f"cannot create {out}: parent folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"cannot write to {parent}: permission denied")
 
 
 def _versions() -> dict[str, str]:

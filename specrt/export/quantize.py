@@ -1,0 +1,212 @@
+"""Weight-only int4 / int8 bundles with ONNX Runtime's own quantizer (``MatMulNBits``), checked by
+distribution against the bundle they came from. Torch-free: it rewrites ONNX graphs.
+
+Every MatMul with a constant weight is quantized, the LM head included: with tied embeddings the head
+reads the embedding matrix through a Transpose, which the quantizer cannot see as a constant, so the
+head gets its own (transposed) copy first and the embedding lookup keeps the float matrix.
+Speculation over a quantized target is exact with respect to that quantized target.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..manifest import Manifest, ModelEntry, load_manifest
+from .staging import staged
+
+BITS = (4, 8)
+BLOCK_SIZES = (16, 32, 64, 128)
+# Distributional parity of a quantized graph against its float source, on the shipped prompts
+# (measured on the demo pair: int4 KL 0.005-0.012 nats, int8 0.0001; thresholds leave ~10x room).
+# Top-1 agreement counts only positions where the float model is decisive (its
+# best token leads the next by DECISIVE_GAP in probability): near-ties flip under any rounding.
+MAX_MEAN_KL = {4: 0.1, 8: 0.01}
+MIN_TOP1 = {4: 0.85, 8: 0.95}
+DECISIVE_GAP = 0.1
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    bits: int = 4
+    block_size: int = 32
+    draft_bits: int | None | str = "same"  # "same", None (keep the draft's float weights), 4 or 8
+    accuracy_level: int = 4  # MatMulNBits: int8 activations, so the CPU kernel uses int8 dot products
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in BITS:
+            raise ConfigError(f"--quantize must be int4 or int8, got {self.bits} bits")
+        if self.block_size not in BLOCK_SIZES:
+            raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
+        if self.draft_bits not in ("same", None, *BITS):
+            raise ConfigError(f"draft quantization must be same, none, int4 or int8, got {self.draft_bits!r}")
+
+    def bits_for(self, role: str) -> int | None:
+        if role == "target" or self.draft_bits == "same":
+            return self.bits
+        return self.draft_bits  # type: ignore[return-value]
+
+
+def untie_lm_head(model) -> str | None:
+    """Give a MatMul that reads a weight through Transpose(initializer) its own transposed initializer,
+    so the quantizer sees a constant; the original stays for whatever else reads it (the embedding
+    Gather). Returns the new initializer's name, or None when no MatMul reads a transposed constant."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    producers = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    for node in g.node:
+        if node.op_type != "MatMul" or node.input[1] not in producers:
+            continue
+        t = producers[node.input[1]]
+        if t.op_type != "Transpose" or t.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), None)
+        weight = numpy_helper.to_array(inits[t.input[0]])
+        if weight.ndim != 2 or perm not in (None, [1, 0]):
+            continue
+        name = f"{t.input[0]}.lm_head_transposed"
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), name))
+        node.input[1] = name
+        if consumers.get(t.output[0], 0) == 1:
+            g.node.remove(t)
+        return name
+    return None
+
+
+def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int) -> dict:
+    """Quantize every constant-weight MatMul of ``path`` into ``out``; what was done, as a record."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(path))
+    if any(n.op_type == "MatMulNBits" for n in model.graph.node):
+        raise ConfigError(f"{path.name} is already quantized")
+    untied = untie_lm_head(model)
+    before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
+                                     accuracy_level=accuracy_level)
+    quantizer.process()
+    qmodel = quantizer.model.model
+    after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
+    large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
+    onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
+    return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": True,
+            "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
+            "bytes_before": _graph_bytes(path), "bytes_after": _graph_bytes(out)}
+
+
+def _graph_bytes(path: Path) -> int:
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, role: str,
+                        prompts: list[str]) -> dict[str, float]:
+    """Mean KL(p_float || p_quantized) and decisive top-1 agreement over every position of the prompts
+    (one prefill each), both bundles on ONNX Runtime CPU."""
+    from tokenizers import Tokenizer
+
+    from ..runtime.backends.onnxruntime import OrtDecoder
+    from ..runtime.masks import causal_mask
+
+    entry = manifest.models[role]
+    tok = Tokenizer.from_file(str(reference / manifest.tokenizer.file))
+    decoders = [OrtDecoder(folder, entry, threads=None) for folder in (reference, quantized)]
+    kls, agree, decisive = [], 0, 0
+    for prompt in prompts:
+        ids = np.array(tok.encode(prompt, add_special_tokens=False).ids[: manifest.max_context], np.int64)
+        if ids.size == 0:
+            continue
+        rows = [d.forward(d.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits.copy()
+                for d in decoders]
+        logp = [r.astype(np.float64) - _logsumexp(r.astype(np.float64)) for r in rows]
+        p = np.exp(logp[0])
+        kls.extend((p * (logp[0] - logp[1])).sum(-1))
+        top2 = np.sort(p, axis=-1)[:, -2:]
+        sure = top2[:, 1] - top2[:, 0] >= DECISIVE_GAP
+        decisive += int(sure.sum())
+        agree += int((rows[0].argmax(-1) == rows[1].argmax(-1))[sure].sum())
+    return {"mean_kl": float(np.mean(kls)), "top1_agreement": agree / decisive if decisive else 1.0,
+            "decisive_positions": decisive, "positions": len(kls)}
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = x.max(-1, keepdims=True)
+    return m + np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions = QuantizeOptions(),
+                    prompts: list[str] | None = None, progress: Callable[[str], None] | None = None) -> Manifest:
+    """Write a quantized copy of bundle ``src`` to ``out``; it appears only once every model passed its
+    distributional parity check against ``src``."""
+    from ..bench import builtin_prompts
+
+    src, out = Path(src), Path(out)
+    manifest = load_manifest(src)
+    for role, entry in manifest.models.items():
+        if entry.quantization:
+            raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
+                              "quantize the float bundle it came from")
+        if entry.dims.hidden_size % options.block_size:
+            raise ConfigError(f"block size {options.block_size} does not divide the {role}'s hidden size "
+                              f"{entry.dims.hidden_size}")
+    prompts = prompts if prompts is not None else builtin_prompts("all")
+    models = dict(manifest.models)
+    with staged(out, options.force) as tmp:
+        for item in src.iterdir():
+            if item.name != "engines":  # engines belong to the float graphs
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        for role, entry in manifest.models.items():
+            bits = options.bits_for(role)
+            if bits is None:
+                continue
+            if progress:
+                progress(f"{role}: int{bits}, blocks of {options.block_size}")
+            data = tmp / (entry.file + ".data")
+            data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
+            record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
+                                    options.accuracy_level)
+            if progress:
+                progress(f"{role}: checking int{bits} against the float graph")
+            parity = distribution_parity(src, tmp, manifest, role, prompts)
+            record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
+            if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
+                raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
+                                  f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
+                                  f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try int8 or a smaller "
+                                  "block size")
+            models[role] = replace(entry, quantization=record)
+        quantized = replace(manifest, models=models, engines={})
+        quantized.write(tmp)
+    return quantized
+
+
+def describe(manifest: Manifest) -> str:
+    """One line per quantized model: bits, bytes before → after, parity."""
+    lines = []
+    for role, e in manifest.models.items():
+        q = e.quantization
+        if not q:
+            lines.append(f"{role}: {e.dtype} (not quantized)")
+            continue
+        p = q["parity"]
+        lines.append(f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
+                     f"{' incl. the LM head' if q['lm_head_untied'] else ''}), {q['bytes_before'] / 2**20:.1f} → "
+                     f"{q['bytes_after'] / 2**20:.1f} MiB; vs float: mean KL {p['mean_kl']:.4f}, top-1 "
+                     f"{p['top1_agreement']:.3f} over {p['decisive_positions']} decisive positions")
+    return "\n".join(lines)
+

@@ -1,0 +1,43 @@
+"""Where export-side commands write: a private folder beside the output, renamed into place only when
+every step passed, so a failure never leaves a half-written bundle. Torch-free."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import OutputPathError
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Refuse an output that is a file, a non-empty folder without ``force``, or an unwritable place."""
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise OutputPathError(f"output folder {out} is not empty; pass --force to replace it")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot create {out}: parent folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write to {parent}: permission denied")
+
+
+@contextlib.contextmanager
+def staged(out: Path, force: bool) -> Iterator[Path]:
+    """Yield a private folder to fill; on success it replaces ``out``, on any error it is removed."""
+    check_output(out, force)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
