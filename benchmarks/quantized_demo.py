@@ -1,0 +1,112 @@
+"""The demo pair at fp32, fp16, int8 and int4 (target and draft), next to ONNX Runtime GenAI on the same
+weights, in one run.
+
+    python benchmarks/quantized_demo.py [--work DIR] [--json benchmarks/quantized-demo-cpu.json]
+
+specrt: the demo checkpoints (demo/hf) exported at fp32 and fp16, and `specrt quantize` of the fp32
+export at int8 and int4 (block 32); methods none and draft (γ 4). ONNX Runtime GenAI: its own model
+builder on demo/hf/target at int4 and fp32, plain decoding (`og.Generator`). Greedy, the 8 shipped
+code prompts × 128 new tokens; every configuration runs once per round, rounds interleaved, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from real_vocab import _OrtGenai  # noqa: E402
+
+import subprocess  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HF = ROOT / "demo" / "hf"
+
+
+def bundles(work: Path) -> dict[str, Path]:
+    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.quantize import QuantizeOptions, quantize_bundle
+
+    out = {"fp32": work / "fp32", "fp16": work / "fp16", "int8": work / "int8", "int4": work / "int4"}
+    for name, dtype in (("fp32", "float32"), ("fp16", "float16")):
+        if not (out[name] / "specrt.json").exists():
+            export_bundle(str(HF / "target"), str(HF / "draft"), out[name], ExportOptions(dtype=dtype, force=True))
+    for name, bits in (("int8", 8), ("int4", 4)):
+        if not (out[name] / "specrt.json").exists():
+            quantize_bundle(out["fp32"], out[name], QuantizeOptions(bits=bits, block_size=32, force=True))
+    return out
+
+
+def ortgenai_model(work: Path, precision: str) -> Path:
+    model_dir = work / f"ortgenai-{precision}"
+    if not (model_dir / "genai_config.json").exists():
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(HF / "target"), "-o",
+                        str(model_dir), "-p", precision, "-e", "cpu", "-c", str(work / "ortgenai-cache")], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return model_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-quantized-demo"))
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "quantized-demo-cpu.json")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    import specrt
+    from specrt.bench import builtin_prompts
+    from specrt.manifest import load_manifest
+
+    prompts = builtin_prompts("code")
+    gens = {name: specrt.load(path) for name, path in bundles(args.work).items()}
+    peers = {f"ortgenai-{p}": _OrtGenai(ortgenai_model(args.work, p)) for p in ("int4", "fp32")}
+    rates: dict[str, list[float]] = {}
+    tokens: dict[str, list[list[int]]] = {}
+    alphas: dict[str, list[float]] = {}
+    for gen in gens.values():
+        gen.generate(prompts[0], max_new_tokens=8, method="none")
+    for r in range(args.rounds):
+        for name, gen in gens.items():
+            for method in ("none", "draft"):
+                t0, n, outs, acc, drafted = time.perf_counter(), 0, [], 0, 0
+                for p in prompts:
+                    res = gen.generate(p, max_new_tokens=args.max_new_tokens, method=method)
+                    n, acc, drafted = n + res.stats.new_tokens, acc + res.stats.accepted, drafted + res.stats.drafted
+                    outs.append(res.token_ids)
+                key = f"specrt {name} {method}"
+                rates.setdefault(key, []).append(n / (time.perf_counter() - t0))
+                tokens.setdefault(key, outs)
+                if drafted:
+                    alphas.setdefault(key, []).append(acc / drafted)
+        for name, peer in peers.items():
+            rates.setdefault(name, []).append(peer.tokens_per_second({}, args.max_new_tokens, seed=r))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()), file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    base = med["ortgenai-int4"]
+    result = {
+        "config": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+                   "greedy": True, "gamma": 4, "block_size": 32},
+        "tokens_per_second": med,
+        "over_ortgenai_int4": {k: v / base for k, v in med.items()},
+        "acceptance": {k: statistics.median(v) for k, v in alphas.items()},
+        "greedy_draft_equals_none": {name: tokens[f"specrt {name} draft"] == tokens[f"specrt {name} none"]
+                                     for name in gens},
+        "bytes": {name: {role: (e.quantization or {}).get("bytes_after") or
+                         (g.bundle / e.file).stat().st_size for role, e in load_manifest(g.bundle).models.items()}
+                  for name, g in gens.items()},
+        "parity": {name: {role: (e.quantization or {}).get("parity") for role, e in load_manifest(g.bundle).models.items()}
+                   for name, g in gens.items() if name.startswith("int")},
+    }
+    args.json.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["over_ortgenai_int4"], indent=1))
+    print(f"wrote {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
