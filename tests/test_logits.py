@@ -52,9 +52,10 @@ def test_warp_keeps_the_reference_set_with_the_reference_probabilities(v, kind):
 def test_top_p_decides_peaked_rows_from_a_bracket_and_others_from_one_exp_pass(monkeypatch):
     import specrt.runtime.logits as L
 
-    passes = []
-    exp_scaled = L._exp_scaled
+    passes, sorted_sizes = [], []
+    exp_scaled, top_p_keep = L._exp_scaled, L._top_p_keep
     monkeypatch.setattr(L, "_exp_scaled", lambda *a: passes.append(len(a[0])) or exp_scaled(*a))
+    monkeypatch.setattr(L, "_top_p_keep", lambda p, top_p: sorted_sizes.append(len(p)) or top_p_keep(p, top_p))
     rng = np.random.default_rng(0)
     # A peaked row at T 0.5: its floor weighs ~1e-6 of the top, the bracket decides. A wide bell at
     # T 1: the tail's bound is too loose, one exp pass. A flat row: that pass, then the full sort.
@@ -66,6 +67,9 @@ def test_top_p_decides_peaked_rows_from_a_bracket_and_others_from_one_exp_pass(m
         d = warp(row, cfg, QWEN2_VOCAB)
         assert [n for n in passes if n == QWEN2_VOCAB] == [QWEN2_VOCAB] * passes_expected, kind
         assert support[0] <= d.support_size <= support[1], (kind, d.support_size)  # flat: the full sort
+        if kind != "flat":  # only the block near the top is sorted (a coarse widening once sorted a sixth)
+            assert max(sorted_sizes[-1:], default=0) < QWEN2_VOCAB // 20, (kind, sorted_sizes)
+        sorted_sizes.clear()
         assert np.array_equal(np.flatnonzero(d.dense()), np.flatnonzero(probs_from_logits(row[None], cfg)[0]))
 
 

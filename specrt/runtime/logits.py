@@ -25,9 +25,12 @@ from .sampling import SamplingConfig
 # Below this residual mass p and q are equal to rounding; p itself is the limit of norm(max(0, p - q)).
 MIN_RESIDUAL_MASS = 1e-12
 _BLOCK = 1024  # ids per block of the two-level inverse CDF over a full row
-# Top-p candidate blocks: ids within this many nats of the best, widened until the block decides; past
-# _MAX_CANDIDATE_SHARE of the row one pass over all of it is cheaper.
-_SPANS = (8.0, 16.0, 32.0)
+# Top-p candidate blocks: ids within this many nats of the best. The bracket (no exp over the row)
+# tries _BRACKET_SPAN; after the exp pass the block widens in small steps until it holds top-p of the mass
+# (a wide bell's nucleus sits 8-12 nats down; one step to 16 would sweep in a sixth of the row and its
+# sort). Past _MAX_CANDIDATE_SHARE of the row, group scans and top-k read the whole row instead.
+_BRACKET_SPAN = 8.0
+_TOP_P_SPANS = (4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0)
 _GROUP_ROWS = 64  # ids per group whose maximum is taken to skip groups that cannot reach a threshold
 _MAX_CANDIDATE_SHARE = 0.125
 
@@ -231,11 +234,27 @@ def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float) -> np.ndarray:
-    """exp((logits - max) / T) in float32, in one buffer: the only exp over a whole row."""
+    """exp(logits / T - c) in float32, the only exp over a whole row, with c = max / T, or c = 0 when
+    max / T lies in [-20, 60]: then no weight overflows (a row's sum stays below float32's limit) and
+    only ids more than 67 nats below the top underflow, so the subtraction pass is skipped. Callers
+    use the weights only as ratios to each other (a Dist's total, a top-p mass share); see
+    :func:`_top_p_full` for the one place that mixes them with max-relative weights."""
+    scaled_top = float(top) / temperature
+    if -20.0 <= scaled_top <= 60.0:
+        if temperature == 1.0:
+            return np.exp(logits, dtype=np.float32)
+        w = np.multiply(logits, np.float32(1.0 / temperature), dtype=np.float32)
+        return np.exp(w, out=w)
     w = np.subtract(logits, top, dtype=np.float32)
     if temperature != 1.0:
         w *= np.float32(1.0 / temperature)
     return np.exp(w, out=w)
+
+
+def _exp_offset(top: np.float32, temperature: float) -> float:
+    """The c of :func:`_exp_scaled` for this row: its weights are exp(logits / T - c)."""
+    scaled_top = float(top) / temperature
+    return 0.0 if -20.0 <= scaled_top <= 60.0 else scaled_top
 
 
 def _top_p_decided(w: np.ndarray, slack: float, top_p: float) -> np.ndarray | None:
@@ -262,7 +281,7 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
     top). Otherwise one float32 exp pass gives the total."""
     groups = _Groups(logits)
     top = groups.maxima.max()
-    span = _SPANS[0] * temperature
+    span = _BRACKET_SPAN * temperature
     found = groups.block(top - np.float32(span), top - np.float32(2 * span), top, temperature)
     if found is not None and len(found[0]) <= _MAX_CANDIDATE_SHARE * len(logits):
         ids, slack = found
@@ -271,18 +290,20 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         if keep is not None:
             return Dist(ids[keep], w[keep], vocab)
     e = _exp_scaled(logits, top, temperature)
-    every = float(e.sum())
-    for span in _SPANS:
+    # Sums of e in units of the top's weight (the candidates' float64 weights are relative to the top).
+    unit = float(np.exp(_exp_offset(top, temperature) - float(top) / temperature))
+    every = float(_block_cdf(e)[-1]) * unit  # pairwise block sums: cheaper than one long reduction
+    for span in _TOP_P_SPANS:
         ids = groups.at_least(top - np.float32(span * temperature))
-        if len(ids) > _MAX_CANDIDATE_SHARE * len(logits):
-            break
+        if len(ids) > len(logits) // 2:
+            break  # half the row or more: sorting all of it costs about as much
         # The block in float64 (the reference's values), the rest of the row from the float32 pass.
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
-        p = w / (w.sum() + max(0.0, every - float(e[ids].sum(dtype=np.float64))))
+        p = w / (w.sum() + max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit))
         if p.sum() >= top_p:
             keep = _top_p_keep(p, top_p)
             return Dist(ids[keep], p[keep], vocab)
-    p = e.astype(np.float64) / every  # a flat row: the full sort, as the reference does it
+    p = e.astype(np.float64) * (unit / every)  # a flat row: the full sort, as the reference does it
     ids = np.flatnonzero(_top_p_keep(p, top_p))
     return Dist(ids, p[ids], vocab)
 
