@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..contract import DTYPES, PARITY_TOLERANCE
-from ..errors import ConfigError, OutputPathError
+from ..errors import ConfigError
 from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
@@ -19,6 +17,7 @@ from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
 from .parity import check_parity, golden_logits
 from .staging import check_output as _check_output
+from .staging import publish, staging_folder
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
@@ -86,10 +85,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         max_context = _max_context(options.max_context, min(
             adapter_for(c.model_type).max_positions(c) for c in configs.values()))
 
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
-    except OSError as e:
-        raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
+    tmp = staging_folder(out)
     try:
         entries: dict[str, ModelEntry] = {}
         medusa = None
@@ -119,12 +115,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                                            len(tokenizers["target"])),
                                 models=entries, vocab_check=vocab_check, versions=_versions(), medusa=medusa)
             manifest.write(tmp)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+            publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

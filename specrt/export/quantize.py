@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError
-from ..manifest import Manifest, ModelEntry, load_manifest
+from ..manifest import Manifest, load_manifest
 from .staging import staged
 
 BITS = (4, 8)

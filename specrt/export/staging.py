@@ -26,18 +26,31 @@ def check_output(out: Path, force: bool) -> None:
         raise OutputPathError(f"cannot write to {parent}: permission denied")
 
 
+def staging_folder(out: Path) -> Path:
+    """A private folder beside ``out`` (same file system, so publishing is one rename)."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    except OSError as e:
+        raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Make the filled staging folder ``out``, replacing what was there."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
 @contextlib.contextmanager
 def staged(out: Path, force: bool) -> Iterator[Path]:
     """Yield a private folder to fill; on success it replaces ``out``, on any error it is removed."""
     check_output(out, force)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.resolve().parent))
+    tmp = staging_folder(out)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
