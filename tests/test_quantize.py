@@ -101,3 +101,17 @@ def test_tensorrt_build_refuses_a_quantized_bundle_in_one_line(int4_close):
 
     with pytest.raises(ConfigError, match="MatMulNBits.*float bundle"):
         resolve_precision(list(load_manifest(int4_close).models.values()), None)
+
+
+def test_export_quantize_writes_only_the_quantized_bundle(pairs, tmp_path):
+    target, draft = pairs["llama"]
+    out = tmp_path / "q"
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", str(draft), "-o", str(out), "--quantize", "int8",
+                                    "--draft-quantize", "int4", "--exporter", "torchscript"])
+    assert res.exit_code == 0, res.output
+    m = load_manifest(out)
+    assert m.target.quantization["bits"] == 8 and m.draft.quantization["bits"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # the float export was staged and removed
+    res = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "r"), "--quantize", "int4",
+                                    "--block-size", "128"])
+    assert res.exit_code == 1 and "does not divide" in res.output and not (tmp_path / "r").exists()
