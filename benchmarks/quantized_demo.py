@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from real_vocab import _OrtGenai  # noqa: E402
-
-import subprocess  # noqa: E402
+from real_vocab import OrtGenaiPeer, build_ortgenai  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "demo" / "hf"
@@ -41,15 +39,6 @@ def bundles(work: Path) -> dict[str, Path]:
     return out
 
 
-def ortgenai_model(work: Path, precision: str) -> Path:
-    model_dir = work / f"ortgenai-{precision}"
-    if not (model_dir / "genai_config.json").exists():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(HF / "target"), "-o",
-                        str(model_dir), "-p", precision, "-e", "cpu", "-c", str(work / "ortgenai-cache")], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return model_dir
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-quantized-demo"))
@@ -65,7 +54,7 @@ def main() -> None:
 
     prompts = builtin_prompts("code")
     gens = {name: specrt.load(path) for name, path in bundles(args.work).items()}
-    peers = {f"ortgenai-{p}": _OrtGenai(ortgenai_model(args.work, p)) for p in ("int4", "fp32")}
+    peers = {f"ortgenai-{p}": OrtGenaiPeer(build_ortgenai(HF / "target", args.work, p)) for p in ("int4", "fp32")}
     rates: dict[str, list[float]] = {}
     tokens: dict[str, list[list[int]]] = {}
     alphas: dict[str, list[float]] = {}

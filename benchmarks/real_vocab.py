@@ -136,7 +136,7 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
     from specrt.bench import BenchConfig, run_bench
 
     gen = specrt.load(bundle, threads=threads)
-    peer = _OrtGenai(ortgenai_model) if ortgenai_model else None
+    peer = OrtGenaiPeer(ortgenai_model) if ortgenai_model else None
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for r in range(repeats):
         for name, kw in SETTINGS.items():
@@ -165,17 +165,18 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
 
 
 # ---------------------------------------------------------------- 3. ONNX Runtime GenAI
-def build_ortgenai(target: Path, work: Path) -> Path:
-    """ONNX Runtime GenAI's own model builder on the same checkpoint (fp32, CPU); cached in ``work``."""
-    model_dir = work / "ortgenai-fp32"
+def build_ortgenai(target: Path, work: Path, precision: str = "fp32") -> Path:
+    """ONNX Runtime GenAI's own model builder on the same checkpoint (CPU, ``precision`` fp32 or
+    int4); cached in ``work``."""
+    model_dir = work / f"ortgenai-{precision}"
     if not (model_dir / "genai_config.json").exists():
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(target), "-o",
-                        str(model_dir), "-p", "fp32", "-e", "cpu", "-c", str(work / "ortgenai-cache")], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        str(model_dir), "-p", precision, "-e", "cpu", "-c", str(work / "ortgenai-cache")],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return model_dir
 
 
-class _OrtGenai:
+class OrtGenaiPeer:
     """Plain decoding with ONNX Runtime GenAI: the same prompts, tokens and sampling settings."""
 
     def __init__(self, model_dir: Path) -> None:

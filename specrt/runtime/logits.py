@@ -65,10 +65,6 @@ class Dist:
         return cls(ids, probs[ids], len(probs))
 
     @property
-    def is_point(self) -> bool:
-        return self.ids is not None and len(self.ids) == 1
-
-    @property
     def support_size(self) -> int:
         return len(self.weights) if self.ids is None else len(self.ids)
 
@@ -167,6 +163,25 @@ class _Groups:
         maxima = self.grid.max(axis=0)
         self.maxima = np.append(maxima, logits[self.n:].max()) if self.n < len(logits) else maxima
 
+    def _scan(self, cols: np.ndarray, threshold) -> tuple[np.ndarray, np.ndarray]:
+        """(ascending ids >= threshold, the other values) over the groups ``cols`` (the extra group of
+        the last ids has index C)."""
+        width = self.grid.shape[1]
+        tail = len(cols) and cols[-1] == width
+        cols = cols[:-1] if tail else cols
+        read = self.grid[:, cols]
+        inside = read >= threshold
+        r, c = np.nonzero(inside)
+        ids, below = r * width + cols[c], read[~inside]
+        if tail:
+            last = self.logits[self.n:]
+            ids = np.append(ids, self.n + np.flatnonzero(last >= threshold))
+            below = np.append(below, last[last < threshold])
+        return np.sort(ids), below
+
+    def _too_many(self, cols: np.ndarray) -> bool:
+        return len(cols) * _GROUP_ROWS > _MAX_CANDIDATE_SHARE * len(self.logits)
+
     def block(self, threshold, near, top, temperature: float) -> tuple[np.ndarray, float] | None:
         """(ascending ids >= threshold, an upper bound of sum exp((z - top) / T) over all other ids).
 
@@ -174,39 +189,21 @@ class _Groups:
         count exactly. Every other group counts as if all its ids weighed what its maximum weighs.
         None when so many groups reach ``near`` that reading them costs a pass over the row."""
         cols = np.flatnonzero(self.maxima >= near)
-        if len(cols) * _GROUP_ROWS > _MAX_CANDIDATE_SHARE * len(self.logits):
+        if self._too_many(cols):
             return None
-        width = self.grid.shape[1]
-        tail = len(cols) and cols[-1] == width
-        cols = cols[:-1] if tail else cols
-        read = self.grid[:, cols]
-        inside = read >= threshold
-        r, c = np.nonzero(inside)
-        ids = r * width + cols[c]
-        below = read[~inside]
-        if tail:
-            last = self.logits[self.n:]
-            ids = np.append(ids, self.n + np.flatnonzero(last >= threshold))
-            below = np.append(below, last[last < threshold])
+        ids, below = self._scan(cols, threshold)
         far = self.maxima < near
-        sizes = np.where(np.arange(len(self.maxima)) < width, _GROUP_ROWS, len(self.logits) - self.n)[far]
+        sizes = np.where(np.arange(len(self.maxima)) < self.grid.shape[1], _GROUP_ROWS, len(self.logits) - self.n)
         slack = (np.exp((below.astype(np.float64) - float(top)) / temperature).sum()
-                 + sizes @ np.exp((self.maxima[far].astype(np.float64) - float(top)) / temperature))
-        return np.sort(ids), float(slack)
+                 + sizes[far] @ np.exp((self.maxima[far].astype(np.float64) - float(top)) / temperature))
+        return ids, float(slack)
 
     def at_least(self, threshold) -> np.ndarray:
         """Ascending ids whose logit is >= threshold."""
         cols = np.flatnonzero(self.maxima >= threshold)
-        if len(cols) * _GROUP_ROWS > _MAX_CANDIDATE_SHARE * len(self.logits):
+        if self._too_many(cols):
             return np.flatnonzero(self.logits >= threshold)  # most columns qualify: one pass is cheaper
-        width = self.grid.shape[1]
-        tail = len(cols) and cols[-1] == width  # the extra group of the last ids
-        cols = cols[:-1] if tail else cols
-        r, c = np.nonzero(self.grid[:, cols] >= threshold)
-        ids = r * width + cols[c]
-        if tail:
-            ids = np.append(ids, self.n + np.flatnonzero(self.logits[self.n:] >= threshold))
-        return np.sort(ids)
+        return self._scan(cols, threshold)[0]
 
 
 def top_k_support(logits: np.ndarray, k: int) -> np.ndarray:
@@ -233,28 +230,22 @@ def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
     return keep
 
 
-def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float) -> np.ndarray:
-    """exp(logits / T - c) in float32, the only exp over a whole row, with c = max / T, or c = 0 when
+def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float) -> tuple[np.ndarray, float]:
+    """(exp(logits / T - c) in float32, c): the only exp over a whole row. c = max / T, or c = 0 when
     max / T lies in [-20, 60]: then no weight overflows (a row's sum stays below float32's limit) and
-    only ids more than 67 nats below the top underflow, so the subtraction pass is skipped. Callers
-    use the weights only as ratios to each other (a Dist's total, a top-p mass share); see
-    :func:`_top_p_full` for the one place that mixes them with max-relative weights."""
+    only ids more than 67 nats below the top underflow, so the subtraction pass is skipped. Most
+    callers use the weights only as ratios to each other (a Dist's total); :func:`_top_p_full` mixes
+    them with max-relative weights through c."""
     scaled_top = float(top) / temperature
     if -20.0 <= scaled_top <= 60.0:
         if temperature == 1.0:
-            return np.exp(logits, dtype=np.float32)
+            return np.exp(logits, dtype=np.float32), 0.0
         w = np.multiply(logits, np.float32(1.0 / temperature), dtype=np.float32)
-        return np.exp(w, out=w)
+        return np.exp(w, out=w), 0.0
     w = np.subtract(logits, top, dtype=np.float32)
     if temperature != 1.0:
         w *= np.float32(1.0 / temperature)
-    return np.exp(w, out=w)
-
-
-def _exp_offset(top: np.float32, temperature: float) -> float:
-    """The c of :func:`_exp_scaled` for this row: its weights are exp(logits / T - c)."""
-    scaled_top = float(top) / temperature
-    return 0.0 if -20.0 <= scaled_top <= 60.0 else scaled_top
+    return np.exp(w, out=w), scaled_top
 
 
 def _top_p_decided(w: np.ndarray, slack: float, top_p: float) -> np.ndarray | None:
@@ -289,9 +280,9 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         keep = _top_p_decided(w, slack, top_p)
         if keep is not None:
             return Dist(ids[keep], w[keep], vocab)
-    e = _exp_scaled(logits, top, temperature)
+    e, offset = _exp_scaled(logits, top, temperature)
     # Sums of e in units of the top's weight (the candidates' float64 weights are relative to the top).
-    unit = float(np.exp(_exp_offset(top, temperature) - float(top) / temperature))
+    unit = float(np.exp(offset - float(top) / temperature))
     every = float(_block_cdf(e)[-1]) * unit  # pairwise block sums: cheaper than one long reduction
     for span in _TOP_P_SPANS:
         ids = groups.at_least(top - np.float32(span * temperature))
@@ -301,11 +292,26 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
         p = w / (w.sum() + max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit))
         if p.sum() >= top_p:
-            keep = _top_p_keep(p, top_p)
-            return Dist(ids[keep], p[keep], vocab)
+            return _top_p_dist(ids, p, top_p, vocab)
     p = e.astype(np.float64) * (unit / every)  # a flat row: the full sort, as the reference does it
     ids = np.flatnonzero(_top_p_keep(p, top_p))
     return Dist(ids, p[ids], vocab)
+
+
+def _kept_softmax(ids: np.ndarray, values: np.ndarray, cfg: SamplingConfig, vocab: int) -> Dist:
+    """Softmax over the kept logits ``values`` of ascending ``ids`` at the config's temperature, in
+    float64 as the reference computes it, then its top-p."""
+    z = values.astype(np.float64) / cfg.temperature
+    p = np.exp(z - z.max())
+    return _top_p_dist(ids, p / p.sum(), cfg.top_p, vocab)
+
+
+def _top_p_dist(ids: np.ndarray, p: np.ndarray, top_p: float, vocab: int) -> Dist:
+    """The Dist of ascending ``ids`` with probabilities ``p`` after top-p (none when top_p is 1)."""
+    if top_p < 1.0:
+        keep = _top_p_keep(p, top_p)
+        ids, p = ids[keep], p[keep]
+    return Dist(ids, p, vocab)
 
 
 def warp(logits: np.ndarray, cfg: SamplingConfig, vocab: int) -> Dist:
@@ -315,16 +321,10 @@ def warp(logits: np.ndarray, cfg: SamplingConfig, vocab: int) -> Dist:
         return Dist.point(int(np.argmax(logits)), vocab)
     if 0 < cfg.top_k < len(logits):
         ids = top_k_support(logits, cfg.top_k)
-        z = logits[ids].astype(np.float64) / cfg.temperature  # the reference's float64 values
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        if cfg.top_p < 1.0:
-            keep = _top_p_keep(p, cfg.top_p)
-            ids, p = ids[keep], p[keep]
-        return Dist(ids, p, vocab)
+        return _kept_softmax(ids, logits[ids], cfg, vocab)
     if cfg.top_p < 1.0:
         return _top_p_full(logits, cfg.temperature, cfg.top_p, vocab)
-    return Dist(None, _exp_scaled(logits, logits.max(), cfg.temperature), vocab)
+    return Dist(None, _exp_scaled(logits, logits.max(), cfg.temperature)[0], vocab)
 
 
 def residual(p: Dist, q: Dist) -> Dist:
@@ -378,22 +378,16 @@ def warp_top(ids: np.ndarray, values: np.ndarray, lse: float, cfg: SamplingConfi
         if not kth > edge:
             return None  # ids outside the block may tie with the k-th
         keep = values >= kth
-        ids, z = ids[keep], values[keep].astype(np.float64) / cfg.temperature
-        p = np.exp(z - z.max())
-        p /= p.sum()
-    elif cfg.top_p < 1.0 and not cfg.top_k:
+        order = np.argsort(ids[keep])
+        return _kept_softmax(ids[keep][order], values[keep][order], cfg, vocab)
+    if cfg.top_p < 1.0 and not cfg.top_k:
         keep = values > edge
         ids, p = ids[keep], np.exp(values[keep].astype(np.float64) / cfg.temperature - lse)
         if not p.sum() >= cfg.top_p:
             return None  # the block may hold less than top-p of the mass
-    else:
-        return None  # every id keeps some mass: only the whole row decides
-    order = np.argsort(ids)
-    ids, p = ids[order], p[order]
-    if cfg.top_p < 1.0:
-        keep = _top_p_keep(p, cfg.top_p)
-        ids, p = ids[keep], p[keep]
-    return Dist(ids, p, vocab)
+        order = np.argsort(ids)
+        return _top_p_dist(ids[order], p[order], cfg.top_p, vocab)
+    return None  # every id keeps some mass: only the whole row decides
 
 
 DEVICE_TOP_K = 64  # logits per row a device sends up first; most truncated rows are decided by them

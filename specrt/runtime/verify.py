@@ -11,20 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
-from .logits import Dist
+from .logits import MIN_RESIDUAL_MASS, Dist
 from .logits import residual as sparse_residual
 from .sampling import sample
 
-# Below this residual mass p and q are equal to rounding; rejection then has probability ~0 and p
-# itself is the correct limit of norm(max(0, p - q)).
-_MIN_RESIDUAL_MASS = 1e-12
-
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """norm(max(0, p - q)) for normalised p, q: what to sample after rejecting a token drawn from q."""
+    """norm(max(0, p - q)) for normalised p, q: what to sample after rejecting a token drawn from q
+    (p itself when the residual's mass is rounding, see :data:`~specrt.runtime.logits.MIN_RESIDUAL_MASS`)."""
     r = np.maximum(p - q, 0.0)
     mass = r.sum()
-    return p if mass < _MIN_RESIDUAL_MASS else r / mass
+    return p if mass < MIN_RESIDUAL_MASS else r / mass
 
 
 def verify_chain(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens: np.ndarray | list[int],

@@ -223,7 +223,7 @@ class Scratch:
     moves the Q rows of every plane into the cache at its length."""
 
     def __init__(self, memory: DeviceMemory, cache: DeviceKVCache, rows: int) -> None:
-        self.memory, self.rows, self.row_bytes, self.planes = memory, rows, cache.row_bytes, cache.planes
+        self.memory, self.row_bytes, self.planes = memory, cache.row_bytes, cache.planes
         self.pitch = aligned(rows * cache.row_bytes)
         self.base = memory.malloc(self.planes * self.pitch)
         ptrs = [self.base + p * self.pitch for p in range(self.planes)]
