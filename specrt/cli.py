@@ -140,7 +140,7 @@ def _quantize_options(quantize: str, block_size: str, draft_quantize: str, force
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 @_domain_errors
 def quantize(bundle: str, output: str, quantize: str, block_size: str, draft_quantize: str, force: bool) -> None:
-    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; no torch needed).
+    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a
     float copy for the lookup). Each graph must stay close to the float one in distribution (mean

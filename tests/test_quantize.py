@@ -115,3 +115,12 @@ def test_export_quantize_writes_only_the_quantized_bundle(pairs, tmp_path):
     res = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "r"), "--quantize", "int4",
                                     "--block-size", "128"])
     assert res.exit_code == 1 and "does not divide" in res.output and not (tmp_path / "r").exists()
+
+
+def test_quantize_without_onnx_is_a_one_line_error(close_bundle, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as on the runtime-only install
+    res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "q")])
+    assert res.exit_code == 1 and "pip install onnx" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "q").exists()

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SpecrtError
 from ..manifest import Manifest, load_manifest
 from .staging import staged
 
@@ -155,6 +155,10 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
     distributional parity check against ``src``."""
     from ..bench import builtin_prompts
 
+    try:
+        import onnx  # noqa: F401  (the runtime-only install has onnxruntime but not onnx)
+    except ImportError:
+        raise SpecrtError("quantizing needs the onnx package: pip install onnx (torch is not needed)") from None
     src, out = Path(src), Path(out)
     manifest = load_manifest(src)
     for role, entry in manifest.models.items():
