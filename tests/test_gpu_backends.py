@@ -93,7 +93,7 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
 
 
 def _fake_trt(integrated: bool = False, **options):
-    def factory(bundle_dir, entry, threads=None):
+    def factory(bundle_dir, entry, threads=None, role="target"):
         session = _session(bundle_dir / entry.file, 1)
         return TrtDecoder(bundle_dir, entry, context_factory=lambda profile: OrtEngineContext(session),
                           memory=HostMemory(integrated), limits=LIMITS, **options)
@@ -101,8 +101,8 @@ def _fake_trt(integrated: bool = False, **options):
     return factory
 
 
-def _ort_on_device_memory(bundle_dir, entry, threads=None):
-    return OrtDecoder(bundle_dir, entry, threads=1, memory=HostMemory())
+def _ort_on_device_memory(bundle_dir, entry, threads=None, role="target"):
+    return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=HostMemory())
 
 
 DEVICE_BACKENDS = {"trt-graphs": _fake_trt(), "trt-eager": _fake_trt(graphs=False),

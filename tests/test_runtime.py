@@ -229,3 +229,14 @@ def test_stats_are_consistent(close):
     assert 0 <= st.alpha_estimate <= 1 and st.c > 0 and st.predicted_speedup > 0
     assert st.total_s >= st.prefill_s + st.draft_s + st.verify_s
     assert st.to_dict()["method"] == "draft"
+
+
+def test_only_the_target_session_spins_and_a_small_draft_runs_on_the_calling_thread(close_bundle):
+    """A spinning draft pool fights the target's for the cores; a pool for a tiny draft only adds wake-ups."""
+    gen = specrt.load(close_bundle, threads=2)
+    target, draft = (gen.decoders[r].session.get_session_options() for r in ("target", "draft"))
+    spinning = "session.intra_op.allow_spinning"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # unset: ORT's default, spinning
+        target.get_session_config_entry(spinning)
+    assert target.intra_op_num_threads == 2
+    assert draft.intra_op_num_threads == 1 and draft.get_session_config_entry(spinning) == "0"

@@ -99,7 +99,7 @@ class SpeculativeGenerator:
         except Exception as e:  # tokenizers raises a bare Exception on a corrupt file
             raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
         self.decoders: dict[str, Decoder] = {
-            role: create_decoder(backend, self.bundle, entry, threads) for role, entry in self.manifest.models.items()}
+            role: create_decoder(backend, self.bundle, entry, threads, role) for role, entry in self.manifest.models.items()}
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
         self._backend, self._threads = backend, threads

@@ -32,15 +32,27 @@ def choose_providers(available: list[str]) -> list[str]:
     return (["CUDAExecutionProvider"] if "CUDAExecutionProvider" in available else []) + ["CPUExecutionProvider"]
 
 
-def _session(path: Path, threads: int | None):
+# A helper model (draft, Medusa heads) below this size runs on the calling thread: its ops are too small to
+# gain from a pool (demo int4 pair, draft method: 527 → 561 tokens/s), and it then leaves the target's
+# spinning workers alone.
+_SMALL_HELPER_BYTES = 64 * 2**20
+
+
+def _session(path: Path, threads: int | None, helper: bool = False):
+    """``helper``: a model run between target passes. Only the target's pool spins.
+
+    The target's workers spin between its nodes (a wake-up per node cost an int4 demo step 1.7 → 2.6 ms);
+    a helper's pool must not spin as well, or the two fight for the cores (target step +50 % on 2 cores).
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads or 0
-    # Target and draft sessions alternate on the same cores; spinning threads of the idle
-    # session slowed the other by ~50 % on a 2-core machine (platform notes).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if helper:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if _weight_bytes(path) < _SMALL_HELPER_BYTES:
+            opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()))
@@ -48,9 +60,15 @@ def _session(path: Path, threads: int | None):
         raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
 
+def _weight_bytes(path: Path) -> int:
+    """The graph file plus its external data, if any."""
+    data = path.with_name(path.name + ".data")
+    return sum(p.stat().st_size for p in (path, data) if p.exists())
+
+
 class OrtHeads:
     def __init__(self, bundle_dir: Path, file: str, threads: int | None = None) -> None:
-        self.session = _session(Path(bundle_dir) / file, threads)
+        self.session = _session(Path(bundle_dir) / file, threads, helper=True)
         self.input = self.session.get_inputs()[0]
 
     def __call__(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,10 +82,10 @@ class OrtHeads:
 
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
-    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, *,
+    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target", *,
                  memory: DeviceMemory | None = None) -> None:
         """``memory``: where the KV cache lives; default host arrays on CPU, CUDA memory on the CUDA provider."""
-        self.session = _session(Path(bundle_dir) / entry.file, threads)
+        self.session = _session(Path(bundle_dir) / entry.file, threads, helper=role != "target")
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
         self.kv_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
