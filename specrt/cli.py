@@ -46,11 +46,16 @@ def main() -> None:
               help="Bundle folder to create.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weight and KV-cache precision of the exported graphs.")
-@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset version.")
+@click.option("--opset", type=int, default=18, show_default=True,
+              help="ONNX opset of portable graphs (fused graphs are opset 23).")
 @click.option("--max-context", type=int, default=None,
               help="Positions the runtime's KV cache holds [default: the models' limit, at most 4096].")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True,
               help="torch.onnx exporter: dynamo gives leaner graphs; torchscript traces faster.")
+@click.option("--graph", type=click.Choice(["auto", "fused", "portable"]), default="auto", show_default=True,
+              help="fused: rotary, attention, RMS norm and packed projections as single opset-23 nodes (a ~2.5x "
+                   "smaller graph, faster on ONNX Runtime); portable: plain ops, for TensorRT (`specrt build`). "
+                   "auto: fused where the architecture has it (llama, mistral, qwen2) with the dynamo exporter.")
 @click.option("--medusa", type=click.Path(file_okay=False), default=None,
               help="Medusa heads for the target (from `specrt medusa train`): adds medusa.onnx and a static tree.")
 @click.option("--medusa-nodes", type=int, default=24, show_default=True,
@@ -64,8 +69,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 @_domain_errors
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
-           exporter: str, medusa: str | None, medusa_nodes: int, quantize: str | None, block_size: str,
-           draft_quantize: str, force: bool) -> None:
+           exporter: str, graph: str, medusa: str | None, medusa_nodes: int, quantize: str | None,
+           block_size: str, draft_quantize: str, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures:
@@ -89,7 +94,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     options = ExportOptions(dtype={"fp32": "float32", "fp16": "float16"}[dtype], opset=opset,
                             max_context=max_context, exporter=exporter, force=force, medusa=medusa,
-                            medusa_nodes=medusa_nodes)
+                            medusa_nodes=medusa_nodes, graph=graph)
     if quantize:
         import shutil
         import tempfile
@@ -112,7 +117,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     manifest = export_bundle(model, draft, output, options, RichReporter())
     for role, entry in manifest.models.items():
         worst = max(entry.parity.values())
-        click.echo(f"{role}: {entry.architecture}, {entry.dims.num_layers} layers, max |ORT - PyTorch| = "
+        click.echo(f"{role}: {entry.architecture} ({entry.graph} graph), {entry.dims.num_layers} layers, max |ORT - PyTorch| = "
                    f"{worst:.2e} (tolerance {entry.parity_tolerance:g})")
     if manifest.medusa:
         md = manifest.medusa

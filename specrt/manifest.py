@@ -32,6 +32,8 @@ class ModelEntry:
     # Weight-only quantization (`specrt quantize`): bits, block size, quantized matmuls, bytes before and
     # after, distributional parity against the float graph. None: the graph's weights are as exported.
     quantization: dict[str, Any] | None = None
+    # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "portable": plain ops.
+    graph: str = "portable"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -52,7 +54,7 @@ class ModelEntry:
         return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
                    dims=ModelDims(**d["dims"]), parity=dict(d.get("parity", {})),
                    parity_tolerance=float(d.get("parity_tolerance", 0.0)), golden=d.get("golden"),
-                   quantization=d.get("quantization"))
+                   quantization=d.get("quantization"), graph=d.get("graph", "portable"))
 
 
 @dataclass(frozen=True)

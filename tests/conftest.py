@@ -39,13 +39,11 @@ def generator(llama_bundle):
 
 
 @pytest.fixture(scope="session")
-def close_bundle(pairs, tmp_path_factory) -> Path:
+def close_pair(pairs, tmp_path_factory) -> tuple[Path, Path]:
     """A draft that mostly agrees with its target (the target with a perturbed MLP): chains are
     accepted, partly accepted and rejected, so every branch of the loop runs."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specrt.export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("close")
     target = pairs["llama"][0]
@@ -57,8 +55,27 @@ def close_bundle(pairs, tmp_path_factory) -> Path:
                                             * layer.mlp.down_proj.weight.std())
     draft.save_pretrained(root / "draft")
     AutoTokenizer.from_pretrained(target).save_pretrained(root / "draft")
-    export_bundle(str(target), str(root / "draft"), root / "bundle")
-    return root / "bundle"
+    return target, root / "draft"
+
+
+@pytest.fixture(scope="session")
+def close_bundle(close_pair, tmp_path_factory) -> Path:
+    """The close pair exported as a user would by default (fused graphs for llama)."""
+    from specrt.export.bundle import export_bundle
+
+    out = tmp_path_factory.mktemp("close-bundle") / "bundle"
+    export_bundle(str(close_pair[0]), str(close_pair[1]), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def portable_close_bundle(close_pair, tmp_path_factory) -> Path:
+    """The close pair with plain-op graphs (what TensorRT builds from)."""
+    from specrt.export.bundle import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("close-portable") / "bundle"
+    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="portable"))
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ def test_every_matmul_with_weights_is_quantized_and_the_lookup_stays_float(int4_
         ops = [n.op_type for n in graph.node]
         q = entry.quantization
         assert q["bits"] == 4 and q["block_size"] == 32 and q["format"] == "MatMulNBits"
-        assert ops.count("MatMulNBits") == len(q["quantized_matmuls"]) == 7 * entry.dims.num_layers + 1  # + head
+        per_layer = 4 if entry.graph == "fused" else 7  # fused: packed q|k|v and gate|up
+        assert ops.count("MatMulNBits") == len(q["quantized_matmuls"]) == per_layer * entry.dims.num_layers + 1  # + head
         assert q["bytes_after"] < q["bytes_before"] and q["parity"]["mean_kl"] <= q["parity"]["max_mean_kl"]
         # The head reads a quantized copy; the embedding lookup still gathers from a float matrix.
         head = next(n for n in graph.node if "logits" in n.output)

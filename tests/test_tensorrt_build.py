@@ -154,7 +154,8 @@ def test_precision_comes_from_the_graphs():
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, close_bundle, tmp_path, monkeypatch):
+def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, portable_close_bundle, tmp_path,
+                                                                      monkeypatch):
     """specrt build, then specrt run with backend tensorrt: the runtime's whole call sequence (engine
     check, deserialisation, a context per profile, bindings, graph capture) against the stand-in of
     each TensorRT generation, on host memory; greedy tokens equal ONNX Runtime's."""
@@ -174,10 +175,10 @@ def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, clo
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(trt_backend, "CudaMemory", HostMemory)
     bundle = tmp_path / "bundle"
-    shutil.copytree(close_bundle, bundle)
+    shutil.copytree(portable_close_bundle, bundle)
     built = tensorrt_build.build_bundle_engines(bundle, BuildOptions(max_context=128, max_prompt=64, max_verify=16))
     assert built["target"]["tensorrt"] == version and built["target"]["options"]["precision"] == "fp32"
-    gen, reference = specrt.load(bundle), specrt.load(close_bundle, threads=1)
+    gen, reference = specrt.load(bundle), specrt.load(portable_close_bundle, threads=1)
     assert gen.decoders["target"].provider == "TensorRT"  # auto picks the engines
     for method in ("none", "draft", "tree"):
         assert (gen.generate("def fib(n):", max_new_tokens=20, method=method).token_ids

@@ -63,10 +63,22 @@ def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, past_k: to
 
 
 class DecoderAdapter(ABC):
-    """A causal LM seen as embed → layers → final norm → LM head, each step explicit."""
+    """A causal LM seen as embed → layers → final norm → LM head, each step explicit.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``fused``: write the layers with one node per rotary embedding, attention, RMS norm and packed
+    projection (:mod:`.fused_ops`, ONNX opset 23) instead of their plain spelling; ``positions`` bounds
+    the position ids a fused graph accepts (its rotary tables have that many rows).
+    """
+
+    supports_fused = False
+
+    def __init__(self, model: nn.Module, fused: bool = False, positions: int | None = None) -> None:
+        if fused and not self.supports_fused:
+            raise UnsupportedArchitectureError(
+                f"{type(self).__name__} has no fused graph; export it with --graph portable")
         self.model = model
+        self.fused = fused
+        self.positions = positions
 
     @abstractmethod
     def dims(self) -> ModelDims: ...
@@ -103,9 +115,42 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _pack(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several Linears reading the same input; the Linears are re-pointed at
+    views of it, so packing adds no copy of the weights and Hugging Face's forward still sees the same values."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
+    start = 0
+    for m in linears:
+        n = m.out_features
+        m.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
+        start += n
+    return weight, bias
+
+
+def _rms_norm(norm: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """Llama-style RMSNorm as ``F.rms_norm`` (one RMSNormalization node at opset 23; fp32 statistics)."""
+    return nn.functional.rms_norm(h, (h.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
 @register("llama", "mistral", "qwen2")
 class RotaryDecoderAdapter(DecoderAdapter):
     """Llama-family blocks: pre-norm, rotary q/k, GQA, gated MLP (Qwen2 adds q/k/v biases in its Linears)."""
+
+    supports_fused = True
+
+    def __init__(self, model: nn.Module, fused: bool = False, positions: int | None = None) -> None:
+        super().__init__(model, fused, positions)
+        act = getattr(model.config, "hidden_act", "silu")
+        if fused and act not in ("silu", "swish"):
+            raise UnsupportedArchitectureError(f"the fused graph has a SiLU-gated MLP, this model uses {act!r}; "
+                                               "export it with --graph portable")
+        if fused:
+            self._packed = [(_pack([b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj]),
+                             _pack([b.mlp.gate_proj, b.mlp.up_proj])) for b in self.layers()]
+            self._rotary_tables = self._tables(positions or self.max_positions(model.config))
 
     def dims(self) -> ModelDims:
         c = self.model.config
@@ -125,7 +170,16 @@ class RotaryDecoderAdapter(DecoderAdapter):
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(input_ids)
 
+    def _tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model's own cos/sin (any rope scaling it applies) for every position: (positions, D/2) each."""
+        emb = self.model.model.embed_tokens.weight
+        cos, sin = self.model.model.rotary_emb(emb[:1].unsqueeze(0), torch.arange(positions).unsqueeze(0))
+        half = cos.shape[-1] // 2  # rotate_half layout: the two halves repeat the same frequencies
+        return cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
+
     def position_context(self, h: torch.Tensor, position_ids: torch.Tensor) -> object:
+        if self.fused:
+            return position_ids
         cos, sin = self.model.model.rotary_emb(h, position_ids)  # (B, Q, D)
         return cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over the head axis of (B, Q, H, D)
 
@@ -133,6 +187,8 @@ class RotaryDecoderAdapter(DecoderAdapter):
         return list(self.model.model.layers)
 
     def layer(self, index, h, pos, past_k, past_v, mask_add):
+        if self.fused:
+            return self._fused_layer(index, h, pos, past_k, past_v, mask_add)
         blk = self.model.model.layers[index]
         attn = blk.self_attn
         d = self.dims().head_dim
@@ -148,8 +204,29 @@ class RotaryDecoderAdapter(DecoderAdapter):
         h = h + blk.mlp(blk.post_attention_layernorm(h))
         return h, k, v
 
+    def _fused_layer(self, index, h, position_ids, past_k, past_v, mask):
+        from .fused_ops import attention, rotary
+
+        blk = self.model.model.layers[index]
+        (qkv_w, qkv_b), (gate_up_w, _) = self._packed[index]
+        dims = self.dims()
+        b, q_len, _ = h.shape
+        kv_width = dims.num_kv_heads * dims.head_dim
+        q, k, v = nn.functional.linear(_rms_norm(blk.input_layernorm, h), qkv_w, qkv_b).split(
+            [dims.num_heads * dims.head_dim, kv_width, kv_width], dim=-1)
+        cos, sin = self._rotary_tables
+        q = rotary(q, position_ids, cos, sin, dims.num_heads)
+        k = rotary(k, position_ids, cos, sin, dims.num_kv_heads)
+        keys = torch.cat([past_k.reshape(b, -1, kv_width), k], dim=1)
+        values = torch.cat([past_v.reshape(b, -1, kv_width), v], dim=1)
+        out = attention(q, keys, values, mask, blk.self_attn.scaling, dims.num_heads, dims.num_kv_heads)
+        h = h + blk.self_attn.o_proj(out)
+        gate, up = nn.functional.linear(_rms_norm(blk.post_attention_layernorm, h), gate_up_w).chunk(2, dim=-1)
+        h = h + blk.mlp.down_proj(nn.functional.silu(gate) * up)
+        return h, k.view(b, q_len, dims.num_kv_heads, dims.head_dim), v.view(b, q_len, dims.num_kv_heads, dims.head_dim)
+
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.model.norm(h)
+        return _rms_norm(self.model.model.norm, h) if self.fused else self.model.model.norm(h)
 
 
 @register("gpt2")
@@ -204,7 +281,9 @@ class DecoderWrapper(nn.Module):
         a = self.adapter
         # fp32 additive mask: the most negative finite value keeps fully masked rows NaN-free.
         # Created on the mask's device: a CPU tensor here broke every CUDA forward of the torch backend.
-        mask_add = torch.zeros(attention_mask.shape, dtype=torch.float32, device=attention_mask.device).masked_fill(
+        # A fused graph's attention node takes the boolean mask as it is.
+        mask_add = attention_mask if a.fused else torch.zeros(
+            attention_mask.shape, dtype=torch.float32, device=attention_mask.device).masked_fill(
             ~attention_mask, torch.finfo(torch.float32).min)
         h = a.embed(input_ids, position_ids)
         pos = a.position_context(h, position_ids)

@@ -21,6 +21,7 @@ from .staging import publish, staging_folder
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
+GRAPHS = ("auto", "fused", "portable")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class ExportOptions:
     force: bool = False
     medusa: str | None = None  # folder of `specrt medusa train` heads for the target
     medusa_nodes: int = 24  # node budget of the static Medusa tree
+    # "auto": fused where the architecture has a fused graph (see fused_ops), else portable.
+    graph: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -42,6 +45,16 @@ class ExportOptions:
             raise ConfigError(f"max context must be at least 16, got {self.max_context}")
         if self.exporter not in EXPORTERS:
             raise ConfigError(f"exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
+        if self.graph not in GRAPHS:
+            raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
+        if self.graph == "fused" and self.exporter != "dynamo":
+            raise ConfigError("--graph fused needs the dynamo exporter")
+
+    def fused_for(self, adapter_cls) -> bool:
+        """Whether this model's graph is the fused one."""
+        if self.graph == "auto":
+            return adapter_cls.supports_fused and self.exporter == "dynamo"
+        return self.graph == "fused"
 
 
 def _versions() -> dict[str, str]:
@@ -92,9 +105,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         for role, src in sources.items():
             with reporter.step(f"Loading {role} {src}"):
                 model = load_causal_lm(src, options.dtype)
-                adapter = adapter_for(configs[role].model_type)(model)
+                adapter_cls = adapter_for(configs[role].model_type)
+                fused = options.fused_for(adapter_cls)
+                adapter = adapter_cls(model, fused=fused, positions=max_context)
                 dims = adapter.dims()
-            with reporter.step(f"Exporting {role} to ONNX ({options.exporter}, opset {options.opset})"):
+            graph = "fused" if fused else "portable"
+            with reporter.step(f"Exporting {role} to ONNX ({options.exporter}, {graph} graph)"):
                 export_decoder(adapter, tmp / f"{role}.onnx", options.dtype, options.opset, options.exporter)
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
                 parity = check_parity(model, tmp / f"{role}.onnx", dims, options.dtype,
@@ -105,7 +121,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
                                        parity_tolerance=PARITY_TOLERANCE[options.dtype],
-                                       golden=golden_logits(model, len(tokenizers["target"])))
+                                       golden=golden_logits(model, len(tokenizers["target"])), graph=graph)
             del model, adapter
 
         with reporter.step(f"Writing bundle {out}"):

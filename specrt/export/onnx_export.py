@@ -58,9 +58,19 @@ def _rename_dynamic_axes(path: Path, specs: list[C.TensorSpec]) -> None:
 
 def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int = 18,
                    exporter: str = "dynamo") -> None:
-    """Write ``path`` (plus an external-data file for models over 2 GB) for one decoder."""
+    """Write ``path`` (plus an external-data file for models over 2 GB) for one decoder.
+
+    A fused adapter (``adapter.fused``) is exported with the dynamo exporter at opset 23 whatever
+    ``opset`` says: its single-node ops exist only there.
+    """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
+    if adapter.fused:
+        from .fused_ops import FUSED_OPSET, translation_table
+
+        if exporter != "dynamo":
+            raise ValueError("a fused graph needs the dynamo exporter")
+        opset = FUSED_OPSET
     dims = adapter.dims()
     ins, outs = C.decoder_io(dims, dtype)
     wrapper = DecoderWrapper(adapter)
@@ -78,6 +88,8 @@ def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int =
                 "attention_mask": {0: batch, 2: query, 3: Dim.AUTO},
                 "past": tuple({0: batch, 1: past} for _ in args[3]),
             }
+            if adapter.fused:
+                kwargs["custom_translation_table"] = translation_table()
             program = torch.onnx.export(wrapper, args, dynamo=True, verbose=False, **kwargs)
             program.save(str(path), external_data=large)
         else:
