@@ -3,8 +3,9 @@ weights, in one run.
 
     python benchmarks/quantized_demo.py [--work DIR] [--json benchmarks/quantized-demo-cpu.json]
 
-specrt: the demo checkpoints (demo/hf) exported at fp32 and fp16, and `specrt quantize` of the fp32
-export at int8 and int4 (block 32); methods none and draft (γ 4). ONNX Runtime GenAI: its own model
+specrt: the demo checkpoints (demo/hf) exported at fp32 and fp16 (default, fused graphs), and `specrt
+quantize` of the fp32 export at int8 and int4 (block 32), plus int4 of the portable (plain-op) graphs to
+show what fusing buys; methods none and draft (γ 4). ONNX Runtime GenAI: its own model
 builder on demo/hf/target at int4 and fp32, plain decoding (`og.Generator`). Greedy, the 8 shipped
 code prompts × 128 new tokens; every configuration runs once per round, rounds interleaved, medians.
 """
@@ -29,19 +30,45 @@ def bundles(work: Path) -> dict[str, Path]:
     from specrt.export.bundle import ExportOptions, export_bundle
     from specrt.export.quantize import QuantizeOptions, quantize_bundle
 
-    out = {"fp32": work / "fp32", "fp16": work / "fp16", "int8": work / "int8", "int4": work / "int4"}
-    for name, dtype in (("fp32", "float32"), ("fp16", "float16")):
+    out = {"fp32": work / "fp32", "fp16": work / "fp16", "int8": work / "int8", "int4": work / "int4",
+           "int4-portable": work / "int4-portable"}
+    floats = {"fp32": ("float32", "auto"), "fp16": ("float16", "auto"), "fp32-portable": ("float32", "portable")}
+    for name, (dtype, graph) in floats.items():
+        folder = out.get(name, work / name)
+        if not (folder / "specrt.json").exists():
+            export_bundle(str(HF / "target"), str(HF / "draft"), folder,
+                          ExportOptions(dtype=dtype, graph=graph, force=True))
+    for name, src, bits in (("int8", "fp32", 8), ("int4", "fp32", 4), ("int4-portable", "fp32-portable", 4)):
         if not (out[name] / "specrt.json").exists():
-            export_bundle(str(HF / "target"), str(HF / "draft"), out[name], ExportOptions(dtype=dtype, force=True))
-    for name, bits in (("int8", 8), ("int4", 4)):
-        if not (out[name] / "specrt.json").exists():
-            quantize_bundle(out["fp32"], out[name], QuantizeOptions(bits=bits, block_size=32, force=True))
+            quantize_bundle(work / src, out[name], QuantizeOptions(bits=bits, block_size=32, force=True))
     return out
+
+
+def verify_cost(gen, past: int = 100, widths: tuple[int, ...] = (1, 2, 5, 8), repeats: int = 200) -> dict[str, float]:
+    """Target pass time at Q = 1, 2, 5, 8 over a past of ``past`` tokens, relative to Q = 1 (medians of
+    ``repeats`` calls): speculation pays only while verifying Q tokens costs about one pass."""
+    import numpy as np
+
+    from specrt.runtime.masks import causal_mask
+
+    dec = gen.decoders["target"]
+    cache = dec.new_cache(past + max(widths))
+    cache.length = past
+    times = {}
+    for q in widths:
+        ids, pos, mask = np.ones(q, np.int64), np.arange(past, past + q), causal_mask(q, past)
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dec.forward(cache, ids, pos, mask)
+            runs.append(time.perf_counter() - t0)
+        times[q] = statistics.median(runs)
+    return {f"Q={q}": times[q] / times[1] for q in widths} | {"Q=1 ms": times[1] * 1e3}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-quantized-demo"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-qd-fused"))
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "quantized-demo-cpu.json")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -80,12 +107,14 @@ def main() -> None:
     base = med["ortgenai-int4"]
     result = {
         "config": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-                   "greedy": True, "gamma": 4, "block_size": 32},
+                   "greedy": True, "gamma": 4, "block_size": 32,
+                   "graphs": {name: load_manifest(g.bundle).target.graph for name, g in gens.items()}},
         "tokens_per_second": med,
         "over_ortgenai_int4": {k: v / base for k, v in med.items()},
         "acceptance": {k: statistics.median(v) for k, v in alphas.items()},
         "greedy_draft_equals_none": {name: tokens[f"specrt {name} draft"] == tokens[f"specrt {name} none"]
                                      for name in gens},
+        "verify_cost_over_one_token": {name: verify_cost(g) for name, g in gens.items()},
         "bytes": {name: {role: (e.quantization or {}).get("bytes_after") or
                          (g.bundle / e.file).stat().st_size for role, e in load_manifest(g.bundle).models.items()}
                   for name, g in gens.items()},
