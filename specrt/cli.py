@@ -117,8 +117,8 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     manifest = export_bundle(model, draft, output, options, RichReporter())
     for role, entry in manifest.models.items():
         worst = max(entry.parity.values())
-        click.echo(f"{role}: {entry.architecture} ({entry.graph} graph), {entry.dims.num_layers} layers, max |ORT - PyTorch| = "
-                   f"{worst:.2e} (tolerance {entry.parity_tolerance:g})")
+        click.echo(f"{role}: {entry.architecture} ({entry.graph} graph), {entry.dims.num_layers} layers, "
+                   f"max |ORT - PyTorch| = {worst:.2e} (tolerance {entry.parity_tolerance:g})")
     if manifest.medusa:
         md = manifest.medusa
         click.echo(f"medusa: {md.num_heads} heads, tree of {len(md.tree)} nodes, expected {md.expected_accepted:.2f} "

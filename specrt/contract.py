@@ -19,6 +19,7 @@ Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 FORMAT_VERSION = 1
 
@@ -106,3 +107,9 @@ def decoder_io(dims: ModelDims, dtype: str) -> tuple[list[TensorSpec], list[Tens
 def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
     """The symbolic axes of each tensor, in the form ``torch.onnx.export`` takes."""
     return {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
+
+
+def graph_bytes(path: Path) -> int:
+    """A graph's bytes on disk: the .onnx file plus its external data (``<file>.data``), if any."""
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)

@@ -94,3 +94,23 @@ def test_tensorrt_build_refuses_a_fused_bundle(close_bundle):
 
     with pytest.raises(ConfigError, match="--graph portable"):
         resolve_precision(list(load_manifest(close_bundle).models.values()), None)
+
+
+def test_the_fused_ops_pytorch_bodies_match_the_plain_layers(pairs):
+    """The custom ops' PyTorch bodies (what a torch run of a fused adapter executes) against the plain path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specrt.export.architectures import DecoderWrapper, RotaryDecoderAdapter
+
+    model = AutoModelForCausalLM.from_pretrained(pairs["llama"][0]).eval()
+    dims = RotaryDecoderAdapter(model).dims()
+    ids, pos = torch.tensor([[5, 7, 11]]), torch.tensor([[4, 5, 5]])
+    mask = torch.ones(1, 1, 3, 7, dtype=torch.bool).tril(4)
+    mask[0, 0, 2, 5] = False
+    past = tuple(torch.randn(1, 4, dims.num_kv_heads, dims.head_dim) for _ in range(2 * dims.num_layers))
+    with torch.no_grad():
+        plain = DecoderWrapper(RotaryDecoderAdapter(model))(ids, pos, mask, past)
+        fused = DecoderWrapper(RotaryDecoderAdapter(model, fused=True, positions=64))(ids, pos, mask, past)
+    for a, b in zip(plain, fused):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

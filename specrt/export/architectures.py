@@ -62,6 +62,14 @@ def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, past_k: to
     return out.reshape(b, n_heads, q_len, d).transpose(1, 2).reshape(b, q_len, n_heads * d)
 
 
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (True = attend) → fp32 additive mask. The most negative finite value keeps fully
+    masked rows NaN-free; made on the mask's device (a CPU tensor here broke every CUDA forward of the
+    torch backend)."""
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(
+        ~mask, torch.finfo(torch.float32).min)
+
+
 class DecoderAdapter(ABC):
     """A causal LM seen as embed → layers → final norm → LM head, each step explicit.
 
@@ -78,7 +86,6 @@ class DecoderAdapter(ABC):
                 f"{type(self).__name__} has no fused graph; export it with --graph portable")
         self.model = model
         self.fused = fused
-        self.positions = positions
 
     @abstractmethod
     def dims(self) -> ModelDims: ...
@@ -279,12 +286,8 @@ class DecoderWrapper(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         a = self.adapter
-        # fp32 additive mask: the most negative finite value keeps fully masked rows NaN-free.
-        # Created on the mask's device: a CPU tensor here broke every CUDA forward of the torch backend.
         # A fused graph's attention node takes the boolean mask as it is.
-        mask_add = attention_mask if a.fused else torch.zeros(
-            attention_mask.shape, dtype=torch.float32, device=attention_mask.device).masked_fill(
-            ~attention_mask, torch.finfo(torch.float32).min)
+        mask_add = attention_mask if a.fused else additive_mask(attention_mask)
         h = a.embed(input_ids, position_ids)
         pos = a.position_context(h, position_ids)
         new: list[torch.Tensor] = []

@@ -21,12 +21,13 @@ def rotary(x: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tensor,
            num_heads: int) -> torch.Tensor:
     """Half-split ("rotate_half") rotary embedding of x (B, S, heads·D) at position_ids (B, S);
     cos/sin_cache (positions, D/2)."""
+    from .architectures import _rotate_half
+
     b, s, _ = x.shape
     xh = x.view(b, s, num_heads, -1)
-    cos = cos_cache[position_ids].unsqueeze(2).to(x.dtype)  # (B, S, 1, D/2)
-    sin = sin_cache[position_ids].unsqueeze(2).to(x.dtype)
-    x1, x2 = xh.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).reshape(b, s, -1)
+    cos = cos_cache[position_ids].unsqueeze(2).to(x.dtype).repeat(1, 1, 1, 2)  # (B, S, 1, D)
+    sin = sin_cache[position_ids].unsqueeze(2).to(x.dtype).repeat(1, 1, 1, 2)
+    return (xh * cos + _rotate_half(xh) * sin).reshape(b, s, -1)
 
 
 @rotary.register_fake
@@ -39,18 +40,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               num_heads: int, kv_heads: int) -> torch.Tensor:
     """q (B, Q, H·D); k/v (B, T, Hkv·D) past and new together; mask (B, 1, Q, T) bool, True = attend.
     Returns (B, Q, H·D)."""
+    from .architectures import additive_mask, attend
+
     b, q_len, _ = q.shape
-    t = k.shape[1]
     d = q.shape[2] // num_heads
-    groups = num_heads // kv_heads
-    qg = q.view(b, q_len, kv_heads, groups, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, groups * q_len, d)
-    kh = k.view(b, t, kv_heads, d).transpose(1, 2)
-    vh = v.view(b, t, kv_heads, d).transpose(1, 2)
-    scores = torch.matmul(qg, kh.transpose(2, 3)).float() * scale  # (B, Hkv, g·Q, T)
-    scores = scores.view(b, kv_heads, groups, q_len, t).masked_fill(~mask.unsqueeze(2), torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, kv_heads, groups * q_len, t)
-    out = torch.matmul(probs, vh).view(b, kv_heads, groups, q_len, d)  # head = kv * groups + j
-    return out.permute(0, 3, 1, 2, 4).reshape(b, q_len, num_heads * d)
+    keys, values = (x.view(b, x.shape[1], kv_heads, d) for x in (k, v))
+    # The plain graph's attention with an empty "new" part: k/v already hold past and new together.
+    return attend(q.view(b, q_len, num_heads, d), keys[:, :0], values[:, :0], keys, values,
+                  additive_mask(mask), scale)
 
 
 @attention.register_fake

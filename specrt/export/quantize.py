@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import contract as C
 from ..errors import ConfigError, SpecrtError
 from ..manifest import Manifest, load_manifest
 from .staging import staged
@@ -106,12 +107,8 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
     return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": True,
             "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
-            "bytes_before": _graph_bytes(path), "bytes_after": _graph_bytes(out)}
+            "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
 
-
-def _graph_bytes(path: Path) -> int:
-    data = path.with_name(path.name + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, role: str,

@@ -51,19 +51,13 @@ def _session(path: Path, threads: int | None, helper: bool = False):
     opts.intra_op_num_threads = threads or 0
     if helper:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if _weight_bytes(path) < _SMALL_HELPER_BYTES:
+        if C.graph_bytes(path) < _SMALL_HELPER_BYTES:
             opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()))
     except Exception as e:  # onnxruntime raises its own untyped errors for bad files
         raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
-
-
-def _weight_bytes(path: Path) -> int:
-    """The graph file plus its external data, if any."""
-    data = path.with_name(path.name + ".data")
-    return sum(p.stat().st_size for p in (path, data) if p.exists())
 
 
 class OrtHeads:
