@@ -38,10 +38,15 @@ def check_golden(gen: SpeculativeGenerator, role: str) -> Check:
     if entry.quantization:
         return _golden_agreement(name, entry, logits, dec.provider)
     got = np.take_along_axis(logits, np.asarray(g["top_ids"]), axis=-1)
-    diff = float(np.abs(got - np.asarray(g["top_logits"])).max())
-    ok = diff <= entry.parity_tolerance
-    return Check(name, ok, f"max |diff| {diff:.2e} (tolerance {entry.parity_tolerance:g}, {dec.provider})",
-                 {"max_abs_diff": diff, "tolerance": entry.parity_tolerance})
+    diff = np.abs(got - np.asarray(g["top_logits"])).max(axis=-1)
+    tol = entry.parity_tolerance
+    if "scale" not in g or "rel" not in tol:  # a bundle from before the relative criterion
+        worst = float(diff.max())
+        return Check(name, worst <= tol.get("abs", 0.0), f"max |diff| {worst:.2e} (tolerance "
+                     f"{tol.get('abs', 0.0):g}, {dec.provider})", {"max_abs_diff": worst, "tolerance": tol})
+    rel = float((diff / np.asarray(g["scale"])).max())
+    return Check(name, rel <= tol["rel"], f"max |diff| / logit scale {rel:.2e} (tolerance {tol['rel']:g}, "
+                 f"{dec.provider})", {"max_rel_diff": rel, "max_abs_diff": float(diff.max()), "tolerance": tol})
 
 
 def _golden_agreement(name: str, entry, logits: np.ndarray, provider: str) -> Check:

@@ -89,6 +89,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
                                    "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
     from transformers.utils import logging as hf_logging
 
+    from .logit_parity import describe as describe_parity
     from .progress import RichReporter
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
@@ -116,9 +117,8 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
         return
     manifest = export_bundle(model, draft, output, options, RichReporter())
     for role, entry in manifest.models.items():
-        worst = max(entry.parity.values())
         click.echo(f"{role}: {entry.architecture} ({entry.graph} graph), {entry.dims.num_layers} layers, "
-                   f"max |ORT - PyTorch| = {worst:.2e} (tolerance {entry.parity_tolerance:g})")
+                   f"{describe_parity(entry.parity, entry.parity_tolerance)}")
     if manifest.medusa:
         md = manifest.medusa
         click.echo(f"medusa: {md.num_heads} heads, tree of {len(md.tree)} nodes, expected {md.expected_accepted:.2f} "

@@ -25,8 +25,11 @@ class ModelEntry:
     architecture: str
     dtype: str
     dims: ModelDims
-    parity: dict[str, float] = field(default_factory=dict)
-    parity_tolerance: float = 0.0
+    # Per parity case ("prefill", "decode", "chain", "tree", "far"): abs/rel/kl/top1 against PyTorch fp32
+    # (see logit_parity); the tolerance they passed: {"rel", "kl"}. Bundles from before the relative
+    # criterion load with {"abs": max |diff|} per case and {"abs": tolerance}.
+    parity: dict[str, dict[str, float]] = field(default_factory=dict)
+    parity_tolerance: dict[str, float] = field(default_factory=dict)
     # PyTorch's logits on a fixed prompt (top ids per position), for `specrt verify` on any backend.
     golden: dict[str, Any] | None = None
     # Weight-only quantization (`specrt quantize`): bits, block size, quantized matmuls, bytes before and
@@ -52,9 +55,18 @@ class ModelEntry:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
         return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
-                   dims=ModelDims(**d["dims"]), parity=dict(d.get("parity", {})),
-                   parity_tolerance=float(d.get("parity_tolerance", 0.0)), golden=d.get("golden"),
+                   dims=ModelDims(**d["dims"]), parity=_parity_figures(d.get("parity", {})),
+                   parity_tolerance=_parity_tolerance(d.get("parity_tolerance", {})), golden=d.get("golden"),
                    quantization=d.get("quantization"), graph=d.get("graph", "portable"))
+
+
+def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {case: ({"abs": float(v)} if isinstance(v, (int, float)) else {k: float(x) for k, x in v.items()})
+            for case, v in raw.items()}
+
+
+def _parity_tolerance(raw: Any) -> dict[str, float]:
+    return {"abs": float(raw)} if isinstance(raw, (int, float)) else {k: float(x) for k, x in raw.items()}
 
 
 @dataclass(frozen=True)

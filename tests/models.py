@@ -47,7 +47,8 @@ def _mistral(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
     return MistralForCausalLM(MistralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                                             num_hidden_layers=layers, num_attention_heads=heads,
                                             num_key_value_heads=kv_heads, max_position_embeddings=512,
-                                            sliding_window=256, bos_token_id=0, eos_token_id=1))
+                                            # narrower than the parity check's sequences: the window is exercised
+                                            sliding_window=6, bos_token_id=0, eos_token_id=1))
 
 
 def _qwen2(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
@@ -59,6 +60,52 @@ def _qwen2(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
                                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=1))
 
 
+def _qwen3(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    # Sliding attention from layer 1 on (max_window_layers), with a window the tests' sequences exceed.
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                        num_hidden_layers=layers, num_attention_heads=heads,
+                                        num_key_value_heads=kv_heads, head_dim=32, max_position_embeddings=256,
+                                        use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                                        tie_word_embeddings=True, bos_token_id=0, eos_token_id=1))
+
+
+def _gemma2(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    return Gemma2ForCausalLM(Gemma2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                          num_hidden_layers=layers, num_attention_heads=heads,
+                                          num_key_value_heads=kv_heads, head_dim=16, query_pre_attn_scalar=16,
+                                          max_position_embeddings=256, sliding_window=5, final_logit_softcapping=5.0,
+                                          attn_logit_softcapping=3.0, bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
+def _gemma3_text(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    # Local layers every other one, each with its own rotary base (rope_local_base_freq).
+    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                              num_hidden_layers=layers, num_attention_heads=heads,
+                                              num_key_value_heads=kv_heads, head_dim=16, query_pre_attn_scalar=16,
+                                              max_position_embeddings=256, sliding_window=5, sliding_window_pattern=2,
+                                              bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
+def _phi3(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # longrope: exact up to its original context (64 here), which becomes the bundle's limit.
+    half = hidden // heads // 2
+    rope = {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.3 * i for i in range(half)]}
+    return Phi3ForCausalLM(Phi3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads, max_position_embeddings=256,
+                                      original_max_position_embeddings=64, rope_scaling=rope, sliding_window=6,
+                                      bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
 def _gpt2(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -67,7 +114,8 @@ def _gpt2(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int):
 
 
 # model_type → factory. tests/test_registry.py fails if a registered architecture is missing here.
-FACTORIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gpt2": _gpt2}
+FACTORIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3, "gemma2": _gemma2,
+             "gemma3_text": _gemma3_text, "phi3": _phi3, "gpt2": _gpt2}
 
 
 def save_model(folder: Path, model_type: str, *, seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 64,

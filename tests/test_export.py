@@ -17,7 +17,8 @@ from specrt.errors import (ModelLoadError, OutputPathError, ParityError, Unsuppo
                            VocabMismatchError)
 from specrt.export import bundle as bundle_mod
 from specrt.export.bundle import ExportOptions, export_bundle
-from specrt.export.parity import check_parity
+from specrt.export.parity import ParityCases, check_parity, reference_logits
+from specrt.logit_parity import PARITY_TOLERANCE, ParityTolerance, within, worst
 from specrt.manifest import load_manifest
 from specrt.runtime.backends import create_decoder
 from specrt.runtime.masks import causal_mask
@@ -33,8 +34,9 @@ def test_manifest_records_dims_io_and_parity(bundles, arch):
     for role in ("target", "draft"):
         e = m.models[role]
         assert e.architecture == arch
-        assert set(e.parity) == {"prefill", "decode", "chain", "tree"}
-        assert max(e.parity.values()) <= e.parity_tolerance == C.PARITY_TOLERANCE["float32"]
+        assert set(e.parity) == {"prefill", "decode", "chain", "tree", "far"}
+        assert e.parity_tolerance == PARITY_TOLERANCE["float32"].to_json()
+        assert all(within(f, PARITY_TOLERANCE["float32"]) and f["top1"] == 1.0 for f in e.parity.values())
         names = [t["name"] for t in raw["models"][role]["inputs"]]
         assert names[:3] == [C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK]
         assert len(names) == 3 + 2 * e.dims.num_layers
@@ -95,24 +97,26 @@ def test_cache_equals_no_cache(bundles, arch):
 def test_torchscript_exporter_and_fp16(pairs, tmp_path):
     target, draft = pairs["qwen2"]
     m = export_bundle(str(target), str(draft), tmp_path / "ts", ExportOptions(exporter="torchscript"))
-    assert max(m.target.parity.values()) < 1e-4
+    assert worst(m.target.parity)["rel"] < 1e-4
     m16 = export_bundle(str(target), str(draft), tmp_path / "fp16", ExportOptions(dtype="float16", max_context=128))
     assert m16.target.dtype == "float16" and m16.max_context == 128
-    assert max(m16.target.parity.values()) <= C.PARITY_TOLERANCE["float16"]
+    assert all(within(f, PARITY_TOLERANCE["float16"]) for f in m16.target.parity.values())
 
 
 def test_parity_check_fails_beyond_tolerance(pairs, bundles):
     target, _ = pairs["llama"]
     hf = AutoModelForCausalLM.from_pretrained(target).eval()
     m = load_manifest(bundles["llama"])
+    cases = ParityCases.draw(300, m.max_context)
+    path = bundles["llama"] / "target.onnx"
+    reference = reference_logits(hf, cases)
     with pytest.raises(ParityError, match="differs from PyTorch"):
-        check_parity(hf, bundles["llama"] / "target.onnx", m.target.dims, "float32", token_limit=300,
-                     tolerance=1e-12)
+        check_parity(reference, cases, path, m.target.dims, "float32", tolerance=ParityTolerance(1e-12, 1.0))
     # A graph that no longer matches its model (one weight changed) is caught at the default tolerance.
     with torch.no_grad():
         hf.model.layers[0].mlp.down_proj.weight.mul_(1.5)
     with pytest.raises(ParityError):
-        check_parity(hf, bundles["llama"] / "target.onnx", m.target.dims, "float32", token_limit=300)
+        check_parity(reference_logits(hf, cases), cases, path, m.target.dims, "float32")
 
 
 # ---- errors: each a typed error with a one-line message; nothing half-written is left behind ----

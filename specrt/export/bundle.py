@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES, PARITY_TOLERANCE
+from ..contract import DTYPES
 from ..errors import ConfigError
+from ..logit_parity import PARITY_TOLERANCE
 from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
-from .parity import check_parity, golden_logits
+from .parity import ParityCases, check_parity, golden_logits, reference_logits
 from .staging import check_output as _check_output
 from .staging import publish, staging_folder
 from .vocab import compare_vocab
@@ -50,10 +52,10 @@ class ExportOptions:
         if self.graph == "fused" and self.exporter != "dynamo":
             raise ConfigError("--graph fused needs the dynamo exporter")
 
-    def fused_for(self, adapter_cls) -> bool:
+    def fused_for(self, adapter_cls, config) -> bool:
         """Whether this model's graph is the fused one."""
         if self.graph == "auto":
-            return adapter_cls.supports_fused and self.exporter == "dynamo"
+            return adapter_cls.fused_supported(config) and self.exporter == "dynamo"
         return self.graph == "fused"
 
 
@@ -102,27 +104,32 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
     try:
         entries: dict[str, ModelEntry] = {}
         medusa = None
+        cases = ParityCases.draw(len(tokenizers["target"]), max_context)
         for role, src in sources.items():
             with reporter.step(f"Loading {role} {src}"):
                 model = load_causal_lm(src, options.dtype)
                 adapter_cls = adapter_for(configs[role].model_type)
-                fused = options.fused_for(adapter_cls)
+                fused = options.fused_for(adapter_cls, configs[role])
                 adapter = adapter_cls(model, fused=fused, positions=max_context)
                 dims = adapter.dims()
+            with reporter.step(f"Reference logits of {role} (PyTorch, fp32)"):
+                reference = reference_logits(model, cases)
+                golden = golden_logits(model, len(tokenizers["target"]))
             graph = "fused" if fused else "portable"
             with reporter.step(f"Exporting {role} to ONNX ({options.exporter}, {graph} graph)"):
                 export_decoder(adapter, tmp / f"{role}.onnx", options.dtype, options.opset, options.exporter)
+            # The model is done with: free it before ONNX Runtime loads the graph (peak memory).
+            del model, adapter
+            gc.collect()
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
-                parity = check_parity(model, tmp / f"{role}.onnx", dims, options.dtype,
-                                      token_limit=len(tokenizers["target"]))
+                parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype)
             if role == "target" and options.medusa:
                 with reporter.step(f"Exporting Medusa heads {options.medusa}"):
                     medusa = _export_medusa(Path(options.medusa), tmp, dims, options)
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
-                                       parity_tolerance=PARITY_TOLERANCE[options.dtype],
-                                       golden=golden_logits(model, len(tokenizers["target"])), graph=graph)
-            del model, adapter
+                                       parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
+                                       golden=golden, graph=graph)
 
         with reporter.step(f"Writing bundle {out}"):
             tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))

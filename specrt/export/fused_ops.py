@@ -37,9 +37,9 @@ def _(x, position_ids, cos_cache, sin_cache, num_heads):
 
 @torch.library.custom_op("specrt::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-              num_heads: int, kv_heads: int) -> torch.Tensor:
-    """q (B, Q, H·D); k/v (B, T, Hkv·D) past and new together; mask (B, 1, Q, T) bool, True = attend.
-    Returns (B, Q, H·D)."""
+              num_heads: int, kv_heads: int, softcap: float = 0.0) -> torch.Tensor:
+    """q (B, Q, H·D); k/v (B, T, Hkv·D) past and new together; mask (B, 1, Q, T) bool, True = attend;
+    ``softcap`` > 0 soft-caps the scores (Gemma 2). Returns (B, Q, H·D)."""
     from .architectures import additive_mask, attend
 
     b, q_len, _ = q.shape
@@ -47,11 +47,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     keys, values = (x.view(b, x.shape[1], kv_heads, d) for x in (k, v))
     # The plain graph's attention with an empty "new" part: k/v already hold past and new together.
     return attend(q.view(b, q_len, num_heads, d), keys[:, :0], values[:, :0], keys, values,
-                  additive_mask(mask), scale)
+                  additive_mask(mask), scale, softcap or None)
 
 
 @attention.register_fake
-def _(q, k, v, mask, scale, num_heads, kv_heads):
+def _(q, k, v, mask, scale, num_heads, kv_heads, softcap=0.0):
     return torch.empty_like(q)
 
 
@@ -62,8 +62,9 @@ def translation_table() -> dict:
     def rotary_onnx(x, position_ids, cos_cache, sin_cache, num_heads: int):
         return op.RotaryEmbedding(x, cos_cache, sin_cache, position_ids, num_heads=num_heads)
 
-    def attention_onnx(q, k, v, mask, scale: float, num_heads: int, kv_heads: int):
-        y, _, _, _ = op.Attention(q, k, v, mask, q_num_heads=num_heads, kv_num_heads=kv_heads, scale=scale)
+    def attention_onnx(q, k, v, mask, scale: float, num_heads: int, kv_heads: int, softcap: float = 0.0):
+        y, _, _, _ = op.Attention(q, k, v, mask, q_num_heads=num_heads, kv_num_heads=kv_heads, scale=scale,
+                                  softcap=softcap)
         return y
 
     return {torch.ops.specrt.rotary.default: rotary_onnx, torch.ops.specrt.attention.default: attention_onnx}

@@ -35,7 +35,8 @@ def load_config(source: str):
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"could not load the config of {source!r}: {str(e).splitlines()[0]}") from None
-    adapter_for(config.model_type)  # unsupported architectures fail here, before any weights load
+    # unsupported architectures and features fail here, before any weights load
+    adapter_for(config.model_type).check_config(config)
     return config
 
 

@@ -1,24 +1,32 @@
-"""ONNX Runtime vs the Hugging Face model itself, on the four ways the runtime calls a decoder.
+"""ONNX Runtime vs the Hugging Face model itself, on the five ways the runtime calls a decoder.
 
-The reference is always HF's own full forward over the whole sequence (no cache), so the check
+The reference is always HF's own full forward over the whole sequence (no cache), computed in fp32
+whatever the export dtype (an fp16 model's weights are upcast one module at a time), so the check
 covers the wrapper, the tracer and ONNX Runtime together, and a cache bug cannot hide in both sides.
+The reference runs first and keeps only its logits, so the model can be freed before ONNX Runtime
+loads the exported graph: the two never sit in memory together.
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from .. import contract as C
 from ..errors import ParityError
+from ..logit_parity import PARITY_TOLERANCE, ParityTolerance, compare_logits, row_scale, within
 from ..runtime.masks import causal_mask, tree_mask
 
 PROMPT_LEN = 7
 CHAIN_LEN = 5
 # A 6-node tree: root with two children, the first child with one child, the second with two.
 TREE_PARENTS = (-1, 0, 0, 1, 2, 2)
+FAR_LEN = 12  # a prefill that ends at the last position the bundle allows: rope scaling shows there
 
 
 def _path(parents: tuple[int, ...], node: int) -> list[int]:
@@ -27,6 +35,73 @@ def _path(parents: tuple[int, ...], node: int) -> list[int]:
         out.append(node)
         node = parents[node]
     return out[::-1]
+
+
+@contextlib.contextmanager
+def float32_compute(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` in fp32 whatever its weights' dtype, holding one module's fp32 copy at a time.
+
+    Each module that owns floating parameters or buffers is cast up just before its forward and back
+    after (fp16 → fp32 → fp16 is exact); tied weights stay tied because ``Module.to`` swaps ``.data``.
+    """
+    def owned(m):
+        return [t for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)] if t.is_floating_point()]
+
+    low = {m: owned(m)[0].dtype for m in model.modules() if owned(m) and owned(m)[0].dtype != torch.float32}
+    if not low:
+        yield
+        return
+    handles = []
+    for m, dtype in low.items():
+        handles.append(m.register_forward_pre_hook(lambda mod, args: (mod.to(torch.float32), None)[1]))
+        handles.append(m.register_forward_hook(lambda mod, args, out, d=dtype: (mod.to(d), None)[1]))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for m, dtype in low.items():
+            m.to(dtype)
+
+
+@dataclass(frozen=True)
+class ParityCases:
+    """The token ids of every case, drawn once from a seed."""
+
+    prompt: np.ndarray
+    chain: np.ndarray
+    tree: np.ndarray
+    far: np.ndarray
+    far_start: int
+
+    @classmethod
+    def draw(cls, token_limit: int, max_context: int, seed: int = 0) -> "ParityCases":
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, token_limit, PROMPT_LEN + CHAIN_LEN + len(TREE_PARENTS) + FAR_LEN)
+        a, b, c = PROMPT_LEN, PROMPT_LEN + CHAIN_LEN, PROMPT_LEN + CHAIN_LEN + len(TREE_PARENTS)
+        return cls(ids[:a], ids[a:b], ids[b:c], ids[c:], max(max_context - FAR_LEN, 0))
+
+
+@torch.no_grad()
+def reference_logits(model: torch.nn.Module, cases: ParityCases) -> dict[str, np.ndarray]:
+    """Hugging Face's own fp32 logits for every case (rows in the order the graph produces them)."""
+
+    def hf(tokens: np.ndarray, start: int = 0) -> np.ndarray:
+        ids = torch.as_tensor(tokens, dtype=torch.long)[None]
+        pos = torch.arange(start, start + len(tokens))[None]
+        return model(ids, position_ids=pos).logits[0].float().numpy()
+
+    p, prompt = len(cases.prompt), cases.prompt
+    with float32_compute(model):
+        chain_ref = hf(np.concatenate([prompt, cases.chain]))
+        return {
+            "prefill": chain_ref[:p],
+            "decode": chain_ref[p:p + 1],
+            "chain": chain_ref[p:],
+            "tree": np.stack([hf(np.concatenate([prompt, cases.tree[_path(TREE_PARENTS, n)]]))[-1]
+                              for n in range(len(TREE_PARENTS))]),
+            "far": hf(cases.far, cases.far_start),
+        }
 
 
 class _OrtDecoder:
@@ -49,46 +124,39 @@ class _OrtDecoder:
         return [np.zeros(shape, self.np_dtype) for _ in range(2 * self.dims.num_layers)]
 
 
-def check_parity(model: torch.nn.Module, onnx_path: Path, dims: C.ModelDims, dtype: str, token_limit: int,
-                 seed: int = 0, tolerance: float | None = None) -> dict[str, float]:
-    """Max |logits_ORT - logits_HF| for prefill, 1-token decode, a 5-token chain and a 6-node tree.
-
-    Raises :class:`ParityError` if any case exceeds ``tolerance`` (default: the contract's for ``dtype``).
-    """
-    tol = C.PARITY_TOLERANCE[dtype] if tolerance is None else tolerance
-    rng = np.random.default_rng(seed)
-    n_tok = len(TREE_PARENTS)
-    ids = rng.integers(0, token_limit, PROMPT_LEN + CHAIN_LEN + n_tok)
-    prompt, chain, tree_tokens = ids[:PROMPT_LEN], ids[PROMPT_LEN:PROMPT_LEN + CHAIN_LEN], ids[PROMPT_LEN + CHAIN_LEN:]
+def onnx_logits(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases) -> dict[str, np.ndarray]:
+    """The exported graph's logits for every case, each called the way the runtime calls it."""
     ort_model = _OrtDecoder(onnx_path, dims, dtype)
-
-    @torch.no_grad()
-    def hf(tokens: np.ndarray) -> np.ndarray:  # (len, V) logits of HF's own forward, no cache
-        return model(torch.as_tensor(tokens, dtype=torch.long)[None]).logits[0].float().numpy()
-
-    p = PROMPT_LEN
-    pre_logits, pre_kv = ort_model(prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
-    ref_prompt = hf(prompt)
-    diffs = {"prefill": float(np.abs(pre_logits - ref_prompt).max())}
-
-    dec_logits, _ = ort_model(chain[:1], np.array([p]), causal_mask(1, p), pre_kv)
-    diffs["decode"] = float(np.abs(dec_logits[0] - hf(np.concatenate([prompt, chain[:1]]))[-1]).max())
-
-    chain_logits, _ = ort_model(chain, np.arange(p, p + CHAIN_LEN), causal_mask(CHAIN_LEN, p), pre_kv)
-    ref_chain = hf(np.concatenate([prompt, chain]))[-CHAIN_LEN:]
-    diffs["chain"] = float(np.abs(chain_logits - ref_chain).max())
-
+    p = len(cases.prompt)
+    pre, pre_kv = ort_model(cases.prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
+    n = len(cases.chain)
     mask, depth = tree_mask(TREE_PARENTS, p)
-    tree_logits, _ = ort_model(tree_tokens, p + depth, mask, pre_kv)
-    diffs["tree"] = max(
-        float(np.abs(tree_logits[node] - hf(np.concatenate([prompt, tree_tokens[_path(TREE_PARENTS, node)]]))[-1]).max())
-        for node in range(n_tok))
+    far = len(cases.far)
+    return {
+        "prefill": pre,
+        "decode": ort_model(cases.chain[:1], np.array([p]), causal_mask(1, p), pre_kv)[0],
+        "chain": ort_model(cases.chain, np.arange(p, p + n), causal_mask(n, p), pre_kv)[0],
+        "tree": ort_model(cases.tree, p + depth, mask, pre_kv)[0],
+        "far": ort_model(cases.far, np.arange(cases.far_start, cases.far_start + far), causal_mask(far, 0),
+                         ort_model.empty_past())[0],
+    }
 
-    bad = {k: v for k, v in diffs.items() if not v <= tol}  # "not <=" also catches NaN
+
+def check_parity(reference: dict[str, np.ndarray], cases: ParityCases, onnx_path: Path, dims: C.ModelDims,
+                 dtype: str, tolerance: ParityTolerance | None = None) -> dict[str, dict[str, float]]:
+    """Compare the graph with :func:`reference_logits`: per case ``abs``, ``rel``, ``kl``, ``top1``.
+
+    Raises :class:`ParityError` if any case is beyond ``tolerance`` (default: the one for ``dtype``).
+    """
+    tol = PARITY_TOLERANCE[dtype] if tolerance is None else tolerance
+    got = onnx_logits(onnx_path, dims, dtype, cases)
+    figures = {case: compare_logits(reference[case], got[case]) for case in reference}
+    bad = {k: f for k, f in figures.items() if not within(f, tol)}
     if bad:
-        detail = ", ".join(f"{k} {v:.3g}" for k, v in bad.items())
-        raise ParityError(f"{onnx_path.name}: ONNX Runtime differs from PyTorch beyond {tol:g} ({detail})")
-    return diffs
+        detail = ", ".join(f"{k} rel {f['rel']:.3g} kl {f['kl']:.3g}" for k, f in bad.items())
+        raise ParityError(f"{onnx_path.name}: ONNX Runtime differs from PyTorch (fp32) beyond rel {tol.rel:g} / "
+                          f"KL {tol.kl:g} ({detail})")
+    return figures
 
 
 GOLDEN_LEN = 12
@@ -97,12 +165,15 @@ GOLDEN_TOP = 8
 
 @torch.no_grad()
 def golden_logits(model: torch.nn.Module, token_limit: int, seed: int = 1) -> dict:
-    """The model's own logits on a fixed random prompt: top ids and values at every position.
+    """The model's own fp32 logits on a fixed random prompt: top ids and values at every position, and
+    each row's scale (:func:`row_scale`).
 
     Stored in the manifest so `specrt verify` can check any backend (ONNX Runtime, TensorRT, fp16
     engines) against PyTorch without torch installed.
     """
     ids = np.random.default_rng(seed).integers(0, token_limit, GOLDEN_LEN)
-    logits = model(torch.as_tensor(ids, dtype=torch.long)[None]).logits[0].float()
+    with float32_compute(model):
+        logits = model(torch.as_tensor(ids, dtype=torch.long)[None]).logits[0].float()
     values, top = torch.topk(logits, GOLDEN_TOP, dim=-1)
-    return {"input_ids": ids.tolist(), "top_ids": top.tolist(), "top_logits": values.tolist()}
+    return {"input_ids": ids.tolist(), "top_ids": top.tolist(), "top_logits": values.tolist(),
+            "scale": row_scale(logits.numpy()).tolist()}
