@@ -1,0 +1,114 @@
+"""Chat templates: rendering equals transformers' apply_chat_template on real templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import pytest
+from models import make_tokenizer
+
+from specrt.errors import ChatTemplateError, ConfigError
+from specrt.runtime.chat import ChatTemplate
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+# The special tokens each family's tokenizer defines (Qwen2.5 has no BOS).
+SPECIALS = {
+    "llama-3-instruct": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "llama-3.2-instruct": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "qwen2.5-instruct": {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    "gemma-2-it": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    "gemma-3-it": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    "phi-3.5-mini-instruct": {"bos_token": "<s>", "eos_token": "<|endoftext|>", "unk_token": "<unk>"},
+    "mistral-nemo-instruct-2407": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+}
+CONVERSATIONS = {
+    "user": [{"role": "user", "content": "Hello there"}],
+    "system+user": [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "  Whitespace, unicode é ✓ and <html> & \"quotes\"\n"}],
+    "multi-turn": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                   {"role": "user", "content": "And 3+3?"}],
+    "system+multi-turn": [{"role": "system", "content": "Answer in French."},
+                          {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Salut"},
+                          {"role": "user", "content": "Bye"}],
+    "two users in a row": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+}
+
+
+def _hf_tokenizer(template: str, specials: dict):
+    tok = make_tokenizer()
+    for name, value in specials.items():
+        setattr(tok, name, value)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("name", sorted(SPECIALS))
+def test_rendering_equals_transformers(name, conversation):
+    template = (TEMPLATES / f"{name}.jinja").read_text()
+    tok = _hf_tokenizer(template, SPECIALS[name])
+    messages = CONVERSATIONS[conversation]
+    ours = ChatTemplate(template, tok.special_tokens_map)
+    try:
+        expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateError as e:  # the template's raise_exception: ours must refuse with its message
+        with pytest.raises(ChatTemplateError) as refused:
+            ours.render(messages)
+        assert str(e) in str(refused.value)
+        return
+    assert ours.render(messages) == expected
+    assert ours.render(messages, add_generation_prompt=False) == tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False)
+
+
+@pytest.mark.parametrize("name,messages,match", [
+    ("gemma-2-it", CONVERSATIONS["system+user"], "System role not supported"),
+    ("gemma-3-it", CONVERSATIONS["two users in a row"], "roles must alternate"),
+    ("mistral-nemo-instruct-2407", [{"role": "assistant", "content": "hi"}], "roles must alternate"),
+])
+def test_a_template_refusing_the_role_order_is_a_chat_template_error(name, messages, match):
+    template = ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(), SPECIALS[name])
+    with pytest.raises(ChatTemplateError, match=match):
+        template.render(messages)
+
+
+@pytest.mark.parametrize("source", [
+    # loopcontrols, the generation tag, tojson with options, namespace, dict()
+    "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
+    "{% generation %}[{{ messages | length }}]{% endgeneration %}",
+    "{{ messages | tojson(indent=2, sort_keys=true) }}{{ {'k': '<é>'} | tojson }}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}"
+    "{{ dict(a=1) | tojson }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}",
+    "{{ strftime_now('%Y') }} {{ eos_token }}",
+])
+def test_jinja_features_render_as_in_transformers(source):
+    tok = _hf_tokenizer(source, {})
+    messages = CONVERSATIONS["multi-turn"]
+    assert ChatTemplate(source, tok.special_tokens_map).render(messages) == tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("source,match", [
+    ("{{ messages.__class__.__mro__ }}", "SecurityError|UndefinedError"),  # the sandbox holds
+    ("{% set ns = namespace(_x=1) %}", "underscore"),
+    ("{{ messages[0].content.upper() + 1 }}", "TypeError"),
+])
+def test_unsafe_or_broken_templates_fail_cleanly(source, match):
+    with pytest.raises(ChatTemplateError, match=match):
+        ChatTemplate(source).render(CONVERSATIONS["user"])
+
+
+def test_a_template_that_does_not_compile():
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}")
+
+
+@pytest.mark.parametrize("messages,match", [
+    ("hello", "list of"), ([], "empty"), (["hello"], "message 0 must be a dict"),
+    ([{"role": "user"}], "string 'content'"), ([{"role": 1, "content": "x"}], "string 'role'"),
+    ([{"role": "user", "content": "x", "meta": object()}], "message 0"),
+])
+def test_bad_messages_are_config_errors(messages, match):
+    with pytest.raises(ConfigError, match=match):
+        ChatTemplate("{{ messages }}").render(messages)
