@@ -1,14 +1,18 @@
-"""Chat templates: rendering equals transformers' apply_chat_template on real templates."""
+"""Chat templates: rendering equals transformers' apply_chat_template on real templates; export keeps the
+template, the special tokens and every end id."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import jinja2
 import pytest
-from models import make_tokenizer
+from models import make_tokenizer, save_model
 
-from specrt.errors import ChatTemplateError, ConfigError
+from specrt.errors import BundleError, ChatTemplateError, ConfigError
+from specrt.manifest import load_manifest
 from specrt.runtime.chat import ChatTemplate
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -73,6 +77,17 @@ def test_a_template_refusing_the_role_order_is_a_chat_template_error(name, messa
         template.render(messages)
 
 
+@pytest.mark.parametrize("name", sorted(SPECIALS))
+def test_export_checks_the_template_renders_as_in_transformers(name, monkeypatch):
+    from specrt.export.bundle import check_chat_template
+
+    tok = _hf_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), SPECIALS[name])
+    check_chat_template(tok, tok.special_tokens_map)
+    monkeypatch.setattr(ChatTemplate, "render", lambda self, messages, **kw: "<|im_start|>something else")
+    with pytest.raises(ChatTemplateError, match="differently from transformers"):
+        check_chat_template(tok, tok.special_tokens_map)
+
+
 @pytest.mark.parametrize("source", [
     # loopcontrols, the generation tag, tojson with options, namespace, dict()
     "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
@@ -112,3 +127,51 @@ def test_a_template_that_does_not_compile():
 def test_bad_messages_are_config_errors(messages, match):
     with pytest.raises(ConfigError, match=match):
         ChatTemplate("{{ messages }}").render(messages)
+
+
+# --- export and runtime, on a tiny llama whose tokenizer has a ChatML-style template ------------------------
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
+
+
+@pytest.fixture(scope="module")
+def chat_source(tmp_path_factory) -> Path:
+    """A tiny llama folder: tokenizer with <|im_start|>/<|im_end|> and a chat template, and a generation
+    config listing two end ids (as Llama 3's lists <|eot_id|> and <|end_of_text|>)."""
+    tok = make_tokenizer()
+    tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHAT_TEMPLATE
+    folder = save_model(tmp_path_factory.mktemp("chat") / "instruct", "llama", seed=1, tokenizer=tok)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1, end_of_turn]}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def chat_bundle(chat_source, tmp_path_factory) -> Path:
+    from specrt.export.bundle import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("chat-bundle") / "bundle"
+    export_bundle(str(chat_source), None, out, ExportOptions(exporter="torchscript"))
+    return out
+
+
+def test_the_bundle_keeps_the_template_special_tokens_and_every_end_id(chat_source, chat_bundle):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_source)
+    entry = load_manifest(chat_bundle).tokenizer
+    assert entry.chat_template == "chat_template.jinja"
+    assert (chat_bundle / entry.chat_template).read_text() == CHAT_TEMPLATE
+    assert {1, tok.convert_tokens_to_ids("<|im_end|>")} <= set(entry.eos_token_ids)
+    assert entry.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def test_a_missing_template_file_is_an_incomplete_bundle(chat_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(chat_bundle, bundle)
+    (bundle / "chat_template.jinja").unlink()
+    with pytest.raises(BundleError, match="chat_template.jinja is missing"):
+        load_manifest(bundle)
