@@ -1,5 +1,5 @@
 """Chat templates: rendering equals transformers' apply_chat_template on real templates; export keeps the
-template, the special tokens and every end id."""
+template, the special tokens and every end id; gen.chat / stream_chat / `specrt run --chat` use them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from click.testing import CliRunner
 from models import make_tokenizer, save_model
 
+import specrt
+from specrt.cli import main
 from specrt.errors import BundleError, ChatTemplateError, ConfigError
 from specrt.manifest import load_manifest
 from specrt.runtime.chat import ChatTemplate
@@ -158,6 +161,11 @@ def chat_bundle(chat_source, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def chat_gen(chat_bundle):
+    return specrt.load(chat_bundle, threads=1)
+
+
 def test_the_bundle_keeps_the_template_special_tokens_and_every_end_id(chat_source, chat_bundle):
     from transformers import AutoTokenizer
 
@@ -169,9 +177,96 @@ def test_the_bundle_keeps_the_template_special_tokens_and_every_end_id(chat_sour
     assert entry.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"}
 
 
+def test_chat_prompt_equals_transformers(chat_source, chat_gen):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_source)
+    assert chat_gen.render_chat(MESSAGES) == tok.apply_chat_template(MESSAGES, tokenize=False,
+                                                                     add_generation_prompt=True)
+    # The template writes BOS: no second one; <|im_start|> text encodes as its special token.
+    expected = tok.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert chat_gen.encode_chat(MESSAGES) == expected and expected.count(0) == 1
+
+
+def test_chat_and_stream_chat_give_the_same_reply(chat_gen):
+    out = chat_gen.chat(MESSAGES, max_new_tokens=12, method="ngram")
+    assert out.text and out.token_ids and out.finish_reason in ("length", "eos")
+    assert "".join(chat_gen.stream_chat(MESSAGES, max_new_tokens=12, method="ngram")) == out.text
+    # The reply is the continuation of the encoded conversation, exactly as a token-level generation.
+    plain = chat_gen._stream(chat_gen.encode_chat(MESSAGES), max_new_tokens=12, method="none")
+    assert "".join(plain) == out.text
+
+
+def test_generation_stops_at_the_end_of_turn_id(chat_bundle, tmp_path):
+    gen = specrt.load(chat_bundle, threads=1)
+    ids = gen.chat(MESSAGES, max_new_tokens=8, method="none").token_ids
+    # A bundle whose end ids include the 3rd generated token stops right before it (as an eot would).
+    bundle = tmp_path / "b"
+    shutil.copytree(chat_bundle, bundle)
+    manifest = json.loads((bundle / "specrt.json").read_text())
+    manifest["tokenizer"]["eos_token_ids"].append(ids[2])
+    (bundle / "specrt.json").write_text(json.dumps(manifest))
+    out = specrt.load(bundle, threads=1).chat(MESSAGES, max_new_tokens=8, method="none")
+    assert out.finish_reason == "eos" and out.token_ids == ids[:ids.index(ids[2])]
+
+
+def test_bos_is_added_once_when_the_template_does_not_write_it(chat_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(chat_bundle, bundle)
+    (bundle / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace("{{ bos_token }}", ""))
+    ids = specrt.load(bundle, threads=1).encode_chat(MESSAGES)
+    assert ids[0] == 0 and ids.count(0) == 1
+
+
+def test_a_bundle_without_template_says_so(chat_bundle, tmp_path):
+    # An older manifest: no chat_template, no special_tokens; it still loads and generates.
+    bundle = tmp_path / "old"
+    shutil.copytree(chat_bundle, bundle)
+    manifest = json.loads((bundle / "specrt.json").read_text())
+    del manifest["tokenizer"]["chat_template"], manifest["tokenizer"]["special_tokens"]
+    (bundle / "specrt.json").write_text(json.dumps(manifest))
+    (bundle / "chat_template.jinja").unlink()
+    gen = specrt.load(bundle, threads=1)
+    assert gen.manifest.tokenizer.chat_template is None and gen.manifest.tokenizer.special_tokens == {}
+    assert gen.generate("def f", max_new_tokens=4, method="none").token_ids
+    with pytest.raises(ConfigError, match="has no chat template.*export an instruct model"):
+        gen.chat(MESSAGES)
+    res = CliRunner().invoke(main, ["run", "--chat", "hi", "--bundle", str(bundle), "--method", "none"])
+    errors = [line for line in res.output.splitlines() if line.startswith("Error")]
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert len(errors) == 1 and "has no chat template" in errors[0]
+
+
 def test_a_missing_template_file_is_an_incomplete_bundle(chat_bundle, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(chat_bundle, bundle)
     (bundle / "chat_template.jinja").unlink()
     with pytest.raises(BundleError, match="chat_template.jinja is missing"):
         load_manifest(bundle)
+
+
+def test_cli_run_chat(chat_bundle, chat_gen):
+    args = ["run", "--chat", MESSAGES[1]["content"], "--system", MESSAGES[0]["content"], "--bundle", str(chat_bundle),
+            "--method", "ngram", "--max-new-tokens", "12"]
+    expected = chat_gen.chat(MESSAGES, max_new_tokens=12, method="ngram")
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert res.output == expected.text + "\n"
+    res = CliRunner().invoke(main, [*args, "--json", "--stats", "--baseline"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["text"] == expected.text and out["token_ids"] == expected.token_ids
+    assert "tokens per target pass" in res.stderr and "measured speedup" in res.stderr
+
+
+@pytest.mark.parametrize("args,match", [
+    (["hello", "--chat", "hi"], "either PROMPT or --chat"), ([], "either PROMPT or --chat"),
+    (["hello", "--system", "be nice"], "--system needs --chat")])
+def test_cli_run_chat_usage_errors(args, match):
+    res = CliRunner().invoke(main, ["run", *args])
+    assert res.exit_code == 2 and match in res.output
+
+
+def test_cli_help_teaches_chat():
+    out = CliRunner().invoke(main, ["run", "--help"]).output
+    assert "--chat MESSAGE" in out and "--system TEXT" in out and 'specrt run --chat "' in out
