@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -195,6 +197,15 @@ def test_chat_and_stream_chat_give_the_same_reply(chat_gen):
     # The reply is the continuation of the encoded conversation, exactly as a token-level generation.
     plain = chat_gen._stream(chat_gen.encode_chat(MESSAGES), max_new_tokens=12, method="none")
     assert "".join(plain) == out.text
+
+
+def test_chat_imports_no_torch_or_transformers(chat_bundle):
+    code = ("import sys, specrt; g = specrt.load(sys.argv[1]); "
+            "g.chat([{'role': 'user', 'content': 'hi'}], max_new_tokens=4, method='none'); "
+            "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code, str(chat_bundle)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_generation_stops_at_the_end_of_turn_id(chat_bundle, tmp_path):

@@ -104,7 +104,7 @@ def _plain(value: Any, where: str) -> Any:
         return value
     for base in (str, bool, int, float):  # subclasses (str enums, ...) carry methods of their own
         if isinstance(value, base):
-            return base(value) if base is not str else str.__str__(value)
+            return str.__str__(value) if base is str else base(value)
     if isinstance(value, Mapping):
         return {_plain(k, where): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
     if isinstance(value, list):
