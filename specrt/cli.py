@@ -174,7 +174,13 @@ def _gamma(value: str) -> int | str:
 
 
 @main.command()
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--chat", "chat_message", metavar="MESSAGE", default=None,
+              help="Chat with an instruct model instead of continuing PROMPT: MESSAGE is the user's turn, rendered "
+                   "with the bundle's chat template (exported from the tokenizer); the reply streams until the "
+                   "model's end-of-turn token.")
+@click.option("--system", "system_message", metavar="TEXT", default=None,
+              help="With --chat: a system message before the user's (not every template accepts one).")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
               help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
 @click.option("--method", type=click.Choice(["draft", "tree", "medusa", "ngram", "none"]), default="draft",
@@ -204,12 +210,14 @@ def _gamma(value: str) -> int | str:
                    "(and TensorRT is importable), else ONNX Runtime (its CUDA provider if onnxruntime-gpu sees a GPU).")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
 @_domain_errors
-def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shape: str, gamma: int | str,
+def run(prompt: str | None, chat_message: str | None, system_message: str | None, bundle: str | None, method: str,
+        acceptance: str, tree_shape: str, gamma: int | str,
         max_new_tokens: int,
         temperature: float,
         top_k: int, top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool,
         backend: str, threads: int | None) -> None:
     """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout.
+    With --chat MESSAGE (instead of PROMPT), reply to MESSAGE as the instruct model's assistant.
 
     The output is distributed exactly as the target model's own (greedy: identical tokens);
     the draft only changes how many tokens each target pass yields.
@@ -220,22 +228,33 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
       specrt run "import os" --bundle bundle --method ngram --temperature 0.8 --top-p 0.95 --seed 1
       specrt run "class Stack:" --bundle bundle --gamma auto --json
       specrt run "def main():" --bundle bundle --method tree --tree 3,2,1,1 --stats
+      specrt run --chat "Write a haiku about caches." --system "You are terse." --bundle instruct-bundle
     """
     import json
 
     from . import load
 
+    if (prompt is None) == (chat_message is None):
+        raise click.UsageError("give either PROMPT or --chat MESSAGE")
+    if system_message is not None and chat_message is None:
+        raise click.UsageError("--system needs --chat")
     gen = load(bundle, backend=backend, threads=threads)
     from .runtime.tree import TreeShape
 
+    if chat_message is not None:
+        messages = ([{"role": "system", "content": system_message}] if system_message is not None else []) + [
+            {"role": "user", "content": chat_message}]
+        generate, stream = functools.partial(gen.chat, messages), functools.partial(gen.stream_chat, messages)
+    else:
+        generate, stream = functools.partial(gen.generate, prompt), functools.partial(gen.stream, prompt)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                   method=method, gamma=gamma, stop=stop, tree=TreeShape.parse(tree_shape), acceptance=acceptance)
     if as_json:
-        result = gen.generate(prompt, **kwargs)
+        result = generate(**kwargs)
         click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
                                "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}, indent=2))
     else:
-        for piece in gen.stream(prompt, **kwargs):
+        for piece in stream(**kwargs):
             click.echo(piece, nl=False)
         click.echo()
         result = gen.last_result
@@ -244,7 +263,7 @@ def run(prompt: str, bundle: str | None, method: str, acceptance: str, tree_shap
 
         measured = None
         if baseline and method != "none":
-            plain = gen.generate(prompt, **{**kwargs, "method": "none"})
+            plain = generate(**{**kwargs, "method": "none"})
             measured = result.stats.tokens_per_second / plain.stats.tokens_per_second
         print_stats(result.stats, gen.decoders["target"].provider, lossy=acceptance == "typical",
                     measured_speedup=measured)

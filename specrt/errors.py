@@ -37,3 +37,7 @@ class ContextLengthError(SpecrtError):
 
 class OutputPathError(SpecrtError):
     """The output folder exists and is not empty (without --force) or cannot be written."""
+
+
+class ChatTemplateError(SpecrtError, ValueError):
+    """A chat template refused the messages (its ``raise_exception``), or does not compile or render."""

@@ -90,16 +90,26 @@ class MedusaEntry:
 
 @dataclass(frozen=True)
 class TokenizerEntry:
+    """The target's tokenizer: its file, the ids that start and end a text, and (instruct models) its chat
+    template. Bundles written before chat support have neither ``chat_template`` nor ``special_tokens``."""
+
     file: str
     bos_token_id: int | None
+    # Every id that ends a generation: the model config's, the generation config's (Llama 3: <|eot_id|>
+    # and <|end_of_text|>) and the tokenizer's eos.
     eos_token_ids: tuple[int, ...]
     add_bos_token: bool
     vocab_size: int
+    chat_template: str | None = None  # the template's file in the bundle (Jinja2 text), None: no template
+    # Named special tokens as text (bos_token, eos_token, ...): variables a chat template reads.
+    special_tokens: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TokenizerEntry":
         return cls(file=d["file"], bos_token_id=d.get("bos_token_id"), eos_token_ids=tuple(d["eos_token_ids"]),
-                   add_bos_token=bool(d["add_bos_token"]), vocab_size=int(d["vocab_size"]))
+                   add_bos_token=bool(d["add_bos_token"]), vocab_size=int(d["vocab_size"]),
+                   chat_template=d.get("chat_template"),
+                   special_tokens={str(k): str(v) for k, v in dict(d.get("special_tokens") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,8 @@ def load_manifest(folder: str | Path) -> Manifest:
     except (KeyError, TypeError, ValueError) as e:
         raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
     files = [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]
+    if manifest.tokenizer.chat_template:
+        files.append(manifest.tokenizer.chat_template)
     for rel in files + ([manifest.medusa.file] if manifest.medusa else []):
         if not (folder / rel).is_file():
             raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")

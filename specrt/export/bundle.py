@@ -10,12 +10,12 @@ from pathlib import Path
 
 from .. import __version__
 from ..contract import DTYPES
-from ..errors import ConfigError
+from ..errors import ChatTemplateError, ConfigError
 from ..logit_parity import PARITY_TOLERANCE
 from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
-from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
+from .loading import load_causal_lm, load_config, load_generation_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
 from .parity import ParityCases, check_parity, golden_logits, reference_logits
 from .staging import check_output as _check_output
@@ -70,15 +70,61 @@ def _versions() -> dict[str, str]:
             "onnxruntime": onnxruntime.__version__}
 
 
-def _tokenizer_entry(tok, model_config, vocab_size: int) -> TokenizerEntry:
-    eos = model_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    if tok.eos_token_id is not None:
-        eos_ids.add(tok.eos_token_id)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _ids(value) -> set[int]:
+    """An eos_token_id field: an int, a list of ints, or None."""
+    return set(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+
+
+def chat_template_of(tok) -> str | None:
+    """The tokenizer's chat template text: the string, or the "default" of a dict of named templates
+    (what apply_chat_template uses without tools); None when there is none."""
+    template = getattr(tok, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def check_chat_template(tok, special_tokens: dict[str, str]) -> None:
+    """Refuse a template the runtime would render differently from transformers' apply_chat_template on a
+    probe conversation with and without a system message (both refusing the messages counts as equal)."""
+    import jinja2
+
+    from ..runtime.chat import ChatTemplate
+
+    def outcome(render, messages) -> str:
+        try:
+            return render(messages)
+        except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError) as e:
+            return f"error: {type(e).__name__}: {e}"  # ChatTemplateError is a ValueError
+
+    template = chat_template_of(tok)
+    for messages in ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
+                     [{"role": "user", "content": "Hello!"}]):
+        ref = outcome(lambda m: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), messages)
+        ours = outcome(lambda m: ChatTemplate(template, special_tokens).render(m), messages)
+        if ref != ours and not (ref.startswith("error") and ours.startswith("error")):
+            raise ChatTemplateError(f"specrt renders the tokenizer's chat template differently from transformers "
+                                    f"({ours[:60]!r} vs {ref[:60]!r}); delete chat_template from the tokenizer "
+                                    "to export without chat")
+
+
+def _tokenizer_entry(tok, model_config, generation_config, vocab_size: int) -> TokenizerEntry:
+    # Every end id stops a generation: instruct models end a turn with a token (Llama 3's <|eot_id|>)
+    # that often only the generation config lists.
+    eos_ids = _ids(model_config.eos_token_id) | _ids(tok.eos_token_id)
+    if generation_config is not None:
+        eos_ids |= _ids(generation_config.eos_token_id)
     bos = tok.bos_token_id
     probe = tok("a").input_ids
     return TokenizerEntry(file="tokenizer.json", bos_token_id=bos, eos_token_ids=tuple(sorted(eos_ids)),
-                          add_bos_token=bool(bos is not None and probe and probe[0] == bos), vocab_size=vocab_size)
+                          add_bos_token=bool(bos is not None and probe and probe[0] == bos), vocab_size=vocab_size,
+                          chat_template=CHAT_TEMPLATE_FILE if chat_template_of(tok) else None,
+                          # transformers 4.x also maps additional_special_tokens to a list: not a named token
+                          special_tokens={k: str(v) for k, v in tok.special_tokens_map.items()
+                                          if not isinstance(v, (list, tuple))})
 
 
 def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
@@ -93,6 +139,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
     with reporter.step("Reading configs and tokenizers"):
         configs = {role: load_config(src) for role, src in sources.items()}
         tokenizers = {role: load_tokenizer(src) for role, src in sources.items()}
+        generation_config = load_generation_config(sources["target"])
+        tokenizer = _tokenizer_entry(tokenizers["target"], configs["target"], generation_config,
+                                     len(tokenizers["target"]))
+        if tokenizer.chat_template:
+            check_chat_template(tokenizers["target"], tokenizer.special_tokens)
         vocab_check = {}
         if "draft" in sources:
             vocab_check = compare_vocab(tokenizers["target"], tokenizers["draft"],
@@ -133,9 +184,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
 
         with reporter.step(f"Writing bundle {out}"):
             tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
-            manifest = Manifest(max_context=max_context,
-                                tokenizer=_tokenizer_entry(tokenizers["target"], configs["target"],
-                                                           len(tokenizers["target"])),
+            if tokenizer.chat_template:
+                (tmp / tokenizer.chat_template).write_text(chat_template_of(tokenizers["target"]), encoding="utf-8")
+            manifest = Manifest(max_context=max_context, tokenizer=tokenizer,
                                 models=entries, vocab_check=vocab_check, versions=_versions(), medusa=medusa)
             manifest.write(tmp)
             publish(tmp, out)

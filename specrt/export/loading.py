@@ -66,3 +66,19 @@ def load_tokenizer(source: str):
         raise ModelLoadError(f"the tokenizer of {source!r} is not a fast tokenizer; specrt ships tokenizer.json "
                              "and needs one (convert it with transformers' PreTrainedTokenizerFast)")
     return tok
+
+
+def load_generation_config(source: str):
+    """The model's generation config, or None when it has none (its end ids then come from config.json)."""
+    from transformers import GenerationConfig
+
+    if Path(source).is_dir() and not (Path(source) / "generation_config.json").is_file():
+        return None
+    try:
+        return GenerationConfig.from_pretrained(source)
+    except OSError:
+        if Path(source).is_dir():  # the file is there but unreadable: say so rather than drop its end ids
+            raise ModelLoadError(f"could not read {source}/generation_config.json") from None
+        return None  # a hub repo without generation_config.json
+    except ValueError as e:
+        raise ModelLoadError(f"the generation config of {source!r} is invalid: {str(e).splitlines()[0]}") from None

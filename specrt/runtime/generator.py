@@ -1,10 +1,10 @@
-"""The Python API: load a bundle once, then ``generate`` or ``stream`` text with any method."""
+"""The Python API: load a bundle once, then ``generate``/``stream`` text or ``chat`` with any method."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from .model import CachedModel
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 from .tree import TreeShape
+
+if TYPE_CHECKING:
+    from .chat import ChatTemplate
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class SpeculativeGenerator:
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
         self._backend, self._threads = backend, threads
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
+        self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self.last_result: GenerationResult | None = None
 
     @property
@@ -114,6 +118,32 @@ class SpeculativeGenerator:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         bos = self.manifest.tokenizer.bos_token_id
         return ([bos] if self.manifest.tokenizer.add_bos_token and bos is not None else []) + ids
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text the bundle's chat template makes of ``messages`` ([{"role": ..., "content": ...}]),
+        as transformers' ``apply_chat_template(messages, tokenize=False)`` renders it."""
+        if self._chat_template is None:
+            entry = self.manifest.tokenizer
+            if entry.chat_template is None:
+                raise ConfigError(f"bundle {self.bundle} has no chat template (its tokenizer had none): export an "
+                                  "instruct model whose tokenizer defines chat_template, or pass a plain prompt")
+            from .chat import ChatTemplate
+
+            self._chat_template = ChatTemplate.from_file(self.bundle / entry.chat_template, entry.special_tokens)
+        return self._chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Token ids of the rendered conversation, ending with the assistant's header.
+
+        Special-token text the template wrote (``<|eot_id|>``, ``<start_of_turn>``) encodes as those tokens.
+        BOS is prepended only when the tokenizer adds one and the template did not write it already: most
+        templates write ``bos_token`` themselves (transformers' ``apply_chat_template(tokenize=True)``
+        never adds one), and a second BOS degrades the reply."""
+        ids = self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        bos = self.manifest.tokenizer.bos_token_id
+        if self.manifest.tokenizer.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [bos] + ids
+        return ids
 
     def _drafter(self, method: str, shape: TreeShape, acceptance: str) -> Drafter:
         if method not in METHODS:
@@ -140,6 +170,20 @@ class SpeculativeGenerator:
         shape ``tree``, children per depth), "medusa" (the bundle's Medusa heads and static tree),
         "ngram" (prompt lookup) or "none" (plain decoding). ``acceptance="typical"`` (Medusa only) is
         LOSSY: faster sampling whose output is not distributed as the target's."""
+        return self._stream(self.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, method=method, gamma=gamma, stop=stop, tree=tree,
+                            acceptance=acceptance)
+
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Iterator[str]:
+        """Yield the assistant's reply to ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}])
+        as it is decided; same keyword arguments as :meth:`stream`. The reply ends at any of the bundle's
+        end ids (``eos_token_ids``), e.g. the template's end-of-turn token."""
+        return self._stream(self.encode_chat(messages), **kwargs)
+
+    def _stream(self, tokens: list[int], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
+                stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
+                acceptance: str = "exact") -> Iterator[str]:
         sampling = SamplingConfig(temperature, top_k, top_p)
         gamma = _check_gamma(gamma)
         if max_new_tokens < 1:
@@ -151,7 +195,6 @@ class SpeculativeGenerator:
             raise ConfigError("typical acceptance (lossy) applies to --method medusa only")
         stepper = (TreeStepper(typical=acceptance == "typical") if drafter.proposes_trees
                    else ChainStepper(gamma if method != "none" else 0))
-        tokens = self.encode(prompt)
         if not tokens:
             raise ConfigError("the prompt is empty and the tokenizer adds no BOS token")
         if len(tokens) + max_new_tokens > self.max_context:
@@ -181,9 +224,17 @@ class SpeculativeGenerator:
         state.stats.target_copied_bytes = state.target.copied_bytes
         self.last_result = GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
 
-    def generate(self, prompt: str, **kwargs) -> GenerationResult:
+    def generate(self, prompt: str, **kwargs: Any) -> GenerationResult:
         """Generate in one call; same arguments as :meth:`stream`."""
-        for _ in self.stream(prompt, **kwargs):
+        return self._drain(self.stream(prompt, **kwargs))
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> GenerationResult:
+        """The assistant's reply to ``messages`` in one call; same arguments as :meth:`stream_chat`, e.g.
+        ``gen.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]).text``."""
+        return self._drain(self.stream_chat(messages, **kwargs))
+
+    def _drain(self, pieces: Iterator[str]) -> GenerationResult:
+        for _ in pieces:
             pass
         assert self.last_result is not None
         return self.last_result
