@@ -108,7 +108,13 @@ class _OrtDecoder:
     def __init__(self, path: Path, dims: C.ModelDims, dtype: str) -> None:
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        # A few calls, checked once: no second copy of the weights. On CPU ONNX Runtime runs fp16 MatMuls
+        # through inserted Casts, and constant folding would keep an fp32 copy of every weight (3x the
+        # fp16 bytes); prepacking would copy fp32 weights again. Casts at run time give the same numbers.
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=["ConstantFolding"])
         self.dims, self.np_dtype = dims, np.dtype(dtype)
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
