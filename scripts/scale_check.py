@@ -88,12 +88,15 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
-def build(work: Path, family: str) -> tuple[Path, Path, int]:
+def build(work: Path, family: str, layers: int | None = None) -> tuple[Path, Path, int]:
     """Target and draft folders (bf16 safetensors), reused when present; returns the target's parameters."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, dims = FAMILIES[family]
+    if layers:
+        dims = {**dims, "num_hidden_layers": layers}
+        family = f"{family}-{layers}-layers"
     folders = work / family / "target", work / family / "draft"
     if all((f / "config.json").exists() for f in folders):
         return (*folders, json.loads((folders[0] / "params.json").read_text())["params"])
@@ -137,12 +140,15 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-scale"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/scale-check.json"))
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="target depth instead of the checkpoint's (real widths and vocabulary, less time)")
     args = ap.parse_args()
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
     for family in args.families.split(","):
-        target, draft, params = build(args.work, family)
+        target, draft, params = build(args.work, family, args.layers)
+        family = f"{family} ({args.layers} layers)" if args.layers else family
         for dtype in args.dtypes.split(","):
-            bundle = args.work / family / f"bundle-{dtype}"
+            bundle = target.parent / f"bundle-{dtype}"
             proc = subprocess.run([sys.executable, "-c", EXPORT, str(target), str(draft), str(bundle), dtype],
                                   capture_output=True, text=True)
             row = {"params": params, "weight_bytes": params * (2 if dtype == "float16" else 4)}
