@@ -593,19 +593,18 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         -d '{"model": "specrt-demo", "prompt": "def fib(n):", "max_tokens": 64, "stream": true}'
     """
     try:
-        from .serve import ServeConfig, model_id, run as serve_forever
+        from .serve import ServeConfig, run as serve_forever
     except ImportError as e:
-        raise click.ClickException(f"serve needs the serve extra ({e.name} is missing): "
+        missing = (e.name or "a dependency").split(".")[0]  # the package to install, not its submodule
+        raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
                                    "pip install 'specrt[serve]'") from None
     from . import load
 
     config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)
-    gen = load(bundle, backend=backend, threads=threads)
-    shown = f"[{host}]" if ":" in host else host
-    click.echo(f"serving {model_id(gen, config)!r} ({method}) at http://{shown}:{port}/v1", err=True)
-    serve_forever(gen, config)
+    serve_forever(load(bundle, backend=backend, threads=threads), config,
+                  announce=lambda line: click.echo(line, err=True))
 
 
 @main.command()

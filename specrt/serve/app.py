@@ -348,8 +348,9 @@ def _absorb(signum: int, frame: Any) -> None:
     """Stands in for the default action of SIGTERM/SIGINT while uvicorn runs (see :func:`run`)."""
 
 
-def run(gen: Any, config: ServeConfig = ServeConfig()) -> None:
-    """Serve ``gen`` until SIGTERM or Ctrl+C; returns normally after a graceful stop.
+def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str], None] | None = None) -> None:
+    """Serve ``gen`` until SIGTERM or Ctrl+C; returns normally after a graceful stop. ``announce`` receives
+    one line (model id, method, URL) once the warm-up generation has passed.
 
     On the signal uvicorn stops accepting, lets in-flight requests finish for ``drain_timeout_s`` and
     cancels the rest; then the app's lifespan stops the generator thread."""
@@ -365,6 +366,9 @@ def run(gen: Any, config: ServeConfig = ServeConfig()) -> None:
         log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
                     config.host)
     app = create_app(gen, config)
+    if announce is not None:
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        announce(f"serving {app.state.model!r} ({config.method}) at http://{host}:{config.port}/v1")
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"))
     # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:
