@@ -205,6 +205,8 @@ class Scheduler:
                 job.emit(Piece(piece))
             if job.cancelled.is_set():  # checked once more: the last piece may have come after the cancel
                 self.metrics.generations.labels(finish="cancelled").inc()
+                # Read only when the server, not the client, cancelled it (shutdown): the client hears why.
+                job.emit(Failed(ApiError(503, "the generation was cancelled: the server is shutting down")))
                 return
             result = self.gen.last_result
             self.metrics.record(n_prompt, result)
