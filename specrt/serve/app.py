@@ -155,11 +155,11 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
     """The Starlette app serving ``gen`` (a loaded :class:`~specrt.runtime.generator.SpeculativeGenerator`).
 
     The generator's worker thread starts and stops with the app's lifespan."""
-    metrics = ServeMetrics()
     from ..runtime.tree import TreeShape
 
-    gamma, tree = config.gamma, TreeShape.parse(config.tree)
-    scheduler = Scheduler(gen, config.max_queue, metrics, method=config.method, gamma=gamma, tree=tree)
+    metrics = ServeMetrics()
+    scheduler = Scheduler(gen, config.max_queue, metrics, method=config.method, gamma=config.gamma,
+                          tree=TreeShape.parse(config.tree))
     model = model_id(gen, config)
     has_template = gen.manifest.tokenizer.chat_template is not None
     created = int(time.time())
@@ -197,7 +197,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
         """Authorization, OpenAI-style errors and the request metrics around ``handler``."""
 
         async def wrapped(request: Request) -> Response:
-            t0 = time.perf_counter()
+            t0 = request.state.arrived = time.perf_counter()
             try:
                 authorize(request)
                 response = await handler(request)
@@ -225,7 +225,6 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
             raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting): retry later",
                            code="queue_full", type="rate_limit_error",
                            headers={"Retry-After": str(scheduler.retry_after())}) from None
-        t0 = time.perf_counter()
         disconnected = asyncio.ensure_future(_until_disconnect(request.receive))
         streaming = False
         try:
@@ -243,7 +242,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
                     scheduler.cancel(job)  # no-op for a finished job; stops one whose client left
                     metrics.requests.labels(endpoint=name, status=outcome["status"] if completed
                                             else "disconnected").inc()
-                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - t0)
+                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - request.state.arrived)
 
                 streaming = True
                 return _EventStream(stream_events(job, req, rid, first, outcome), disconnected, on_end)
