@@ -538,6 +538,76 @@ def build(bundle: str | None, precision: str | None, max_context: int | None, ma
 
 
 @main.command()
+@click.option("--bundle", type=click.Path(file_okay=False), default=None,
+              help="Bundle folder [default: the demo bundle shipped with specrt].")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. The default answers this machine only; 0.0.0.0 opens it to the network "
+                   "(then set an API key).")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--method", type=click.Choice(["draft", "tree", "medusa", "ngram", "none"]), default="draft",
+              show_default=True, help="Speculation method for every request (as for `specrt run`).")
+@click.option("--gamma", default="4", show_default=True, callback=lambda c, p, v: _gamma(v),
+              help="Draft tokens per target pass (1-64), or 'auto'.")
+@click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
+              help="With --method tree: children per node at each depth.")
+@click.option("--max-queue", type=int, default=16, show_default=True,
+              help="Requests that may wait for the generator besides the one it runs; past that: 429 with "
+                   "Retry-After.")
+@click.option("--api-key", default=None, envvar="SPECRT_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise). Prefer the environment "
+                   "variable: a command line is visible to every user of the machine.")
+@click.option("--model-name", default=None,
+              help="The model id clients send [default: specrt-demo, or the bundle folder's name].")
+@click.option("--max-body", type=int, default=1 << 20, show_default=True,
+              help="Largest request body in bytes; larger ones get 413.")
+@click.option("--drain-timeout", type=float, default=30.0, show_default=True,
+              help="On SIGTERM: seconds in-flight requests get to finish before they are cancelled.")
+@click.option("--backend", default="auto", show_default=True, help="As for `specrt run`.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads per session [default: all cores].")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+@_domain_errors
+def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, tree_shape: str, max_queue: int,
+          api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
+          threads: int | None, log_level: str) -> None:
+    """Serve the bundle with OpenAI's HTTP API (needs `pip install 'specrt[serve]'`).
+
+    \b
+    POST /v1/completions, POST /v1/chat/completions  JSON, or server-sent events with "stream": true;
+                                                     each answer carries usage and a "specrt" object
+                                                     (accepted/drafted, tokens per target pass, alpha)
+    GET /v1/models, GET /health
+    GET /metrics                                     Prometheus: requests, tokens, tokens/s, alpha,
+                                                     queue depth, latency histograms
+    Chat needs a bundle with a chat template (the demo has none).
+
+    One generator serves requests in arrival order (batch size 1); temperature, top_p, top_k, seed,
+    max_tokens and stop are per request. SIGTERM lets in-flight requests finish (--drain-timeout),
+    then exits 0.
+
+    \b
+    Examples:
+      specrt serve                                    # the demo bundle on http://127.0.0.1:8000/v1
+      SPECRT_API_KEY=secret specrt serve --bundle bundle --host 0.0.0.0 --port 8080 --gamma auto
+      curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "specrt-demo", "prompt": "def fib(n):", "max_tokens": 64, "stream": true}'
+    """
+    try:
+        from .serve import ServeConfig, run as serve_forever
+    except ImportError as e:
+        missing = (e.name or "a dependency").split(".")[0]  # the package to install, not its submodule
+        raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
+                                   "pip install 'specrt[serve]'") from None
+    from . import load
+
+    config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, max_queue=max_queue,
+                         api_key=api_key, max_body_bytes=max_body, model_name=model_name,
+                         drain_timeout_s=drain_timeout, log_level=log_level)
+    serve_forever(load(bundle, backend=backend, threads=threads), config,
+                  announce=lambda line: click.echo(line, err=True))
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
     """What specrt sees: Python and library versions, ONNX Runtime providers, GPUs, Jetson model /

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from models import FACTORIES, save_pair  # noqa: E402
+from models import CHAT_TEMPLATE, FACTORIES, make_tokenizer, save_model, save_pair  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -102,3 +103,26 @@ def medusa_bundle(pairs, tmp_path_factory) -> Path:
     export_bundle(str(target), str(draft), root / "bundle",
                   ExportOptions(exporter="torchscript", medusa=str(root / "heads"), medusa_nodes=12))
     return root / "bundle"
+
+
+@pytest.fixture(scope="session")
+def chat_source(tmp_path_factory) -> Path:
+    """A tiny llama folder: tokenizer with <|im_start|>/<|im_end|> and a chat template, and a generation
+    config listing two end ids (as Llama 3's lists <|eot_id|> and <|end_of_text|>)."""
+    tok = make_tokenizer()
+    tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHAT_TEMPLATE
+    folder = save_model(tmp_path_factory.mktemp("chat") / "instruct", "llama", seed=1, tokenizer=tok)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1, end_of_turn]}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chat_bundle(chat_source, tmp_path_factory) -> Path:
+    """chat_source exported alone (no draft): chat tests and the server's chat endpoint use it."""
+    from specrt.export.bundle import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("chat-bundle") / "bundle"
+    export_bundle(str(chat_source), None, out, ExportOptions(exporter="torchscript"))
+    return out

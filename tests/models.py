@@ -13,6 +13,9 @@ CORPUS = [
     "The quick brown fox jumps over the lazy dog. Speculative decoding is lossless.\n",
     "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n",
 ]
+# A ChatML-style template (tests/conftest.py's chat_bundle exports a tiny llama with it).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TOKENIZER_VOCAB = 320  # 256 byte tokens + 2 specials + merges
 VOCAB = 336  # model logits: room for tokens that AutoTokenizer classes add (Qwen2 adds <|endoftext|>)
 

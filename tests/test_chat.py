@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 import pytest
 from click.testing import CliRunner
-from models import make_tokenizer, save_model
+from models import CHAT_TEMPLATE, make_tokenizer
 
 import specrt
 from specrt.cli import main
@@ -134,33 +134,9 @@ def test_bad_messages_are_config_errors(messages, match):
         ChatTemplate("{{ messages }}").render(messages)
 
 
-# --- export and runtime, on a tiny llama whose tokenizer has a ChatML-style template ------------------------
+# --- export and runtime, on a tiny llama whose tokenizer has a ChatML-style template (conftest's chat_bundle) --
 
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
-
-
-@pytest.fixture(scope="module")
-def chat_source(tmp_path_factory) -> Path:
-    """A tiny llama folder: tokenizer with <|im_start|>/<|im_end|> and a chat template, and a generation
-    config listing two end ids (as Llama 3's lists <|eot_id|> and <|end_of_text|>)."""
-    tok = make_tokenizer()
-    tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHAT_TEMPLATE
-    folder = save_model(tmp_path_factory.mktemp("chat") / "instruct", "llama", seed=1, tokenizer=tok)
-    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1, end_of_turn]}))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def chat_bundle(chat_source, tmp_path_factory) -> Path:
-    from specrt.export.bundle import ExportOptions, export_bundle
-
-    out = tmp_path_factory.mktemp("chat-bundle") / "bundle"
-    export_bundle(str(chat_source), None, out, ExportOptions(exporter="torchscript"))
-    return out
 
 
 @pytest.fixture(scope="module")

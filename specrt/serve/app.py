@@ -1,0 +1,381 @@
+"""The OpenAI-compatible HTTP app (Starlette) and its runner (uvicorn).
+
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or server-sent
+events), ``GET /health``, ``GET /metrics``. Generation goes through :class:`~specrt.serve.worker.Scheduler`:
+one generator, arrival order, a bounded queue (429 when full). A client that goes away cancels its job,
+whether it is still queued or already generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..errors import ConfigError
+from . import protocol
+from .metrics import ServeMetrics
+from .protocol import ApiError, GenerationRequest
+from .worker import Failed, Finished, Job, Piece, QueueFull, Scheduler, Started
+
+log = logging.getLogger("specrt.serve")
+
+# A body over the limit is still read (and dropped) up to this multiple of it, so the client gets its 413
+# instead of a connection reset from a socket closed on unread data; beyond it the connection is dropped.
+DRAIN_FACTOR = 8
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``specrt serve`` serves a loaded generator. ``method``/``gamma``/``tree`` apply to every request."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    method: str = "draft"
+    gamma: int | str = 4
+    tree: str = "2,2,1,1"
+    max_queue: int = 16  # requests waiting for the generator, besides the one it runs
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    model_name: str | None = None  # default: "specrt-demo", or the bundle folder's name
+    drain_timeout_s: float = 30.0  # after SIGTERM, in-flight requests get this long before they are cancelled
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.drain_timeout_s < 0:
+            raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("api_key must not be empty")
+
+
+def model_id(gen: Any, config: ServeConfig) -> str:
+    """The id clients pass as ``model``: ``--model-name``, else the bundle folder's name."""
+    if config.model_name:
+        return config.model_name
+    from ..demo import BUNDLE
+
+    bundle = Path(gen.bundle).resolve()
+    return "specrt-demo" if bundle == BUNDLE.resolve() else bundle.name
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (once the body is read, ``receive`` only reports that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first(aw: Awaitable[Any], disconnected: asyncio.Future) -> Any | None:
+    """``aw``'s result, or None if the client disconnects first."""
+    task = asyncio.ensure_future(aw)
+    await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
+
+
+class _Disconnected(Response):
+    """What a handler returns for a client that has gone: nothing is sent."""
+
+    def __init__(self) -> None:
+        super().__init__(status_code=499)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        return None
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that stop as soon as the client goes away.
+
+    Starlette's StreamingResponse notices a disconnect only on ASGI spec < 2.4 (2.4 servers report it as
+    a failed send, which uvicorn skips silently); this one races the body against the request's own
+    disconnect watch whatever the server speaks, so an abandoned generation is cancelled at its next step."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], disconnected: asyncio.Future,
+                 on_end: Callable[[bool], None]) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.disconnected, self.on_end = disconnected, on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self.stream_response(send))
+        completed = False
+        try:
+            await asyncio.wait({pump, self.disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            completed = pump.done() and not pump.cancelled() and pump.exception() is None
+        finally:
+            pump.cancel()
+            self.disconnected.cancel()
+            try:
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await pump  # a bug in the body raises here, for the server's log
+            finally:
+                self.on_end(completed)
+
+
+def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
+    """The Starlette app serving ``gen`` (a loaded :class:`~specrt.runtime.generator.SpeculativeGenerator`).
+
+    The generator's worker thread starts and stops with the app's lifespan."""
+    from ..runtime.tree import TreeShape
+
+    metrics = ServeMetrics()
+    scheduler = Scheduler(gen, config.max_queue, metrics, method=config.method, gamma=config.gamma,
+                          tree=TreeShape.parse(config.tree))
+    model = model_id(gen, config)
+    has_template = gen.manifest.tokenizer.chat_template is not None
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_json(request: Request) -> Any:
+        limit = config.max_body_bytes
+        too_large = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes",
+                             code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > DRAIN_FACTOR * limit:
+            raise too_large
+        body, size = bytearray(), 0
+        async for part in request.stream():
+            size += len(part)
+            if size > DRAIN_FACTOR * limit:
+                break
+            if size <= limit:
+                body += part
+        if size > limit:
+            raise too_large
+        try:
+            return json.loads(body)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+            raise protocol.invalid(None, "the request body is not valid JSON") from None
+
+    def endpoint(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """Authorization, OpenAI-style errors and the request metrics around ``handler``."""
+
+        async def wrapped(request: Request) -> Response:
+            t0 = request.state.arrived = time.perf_counter()
+            try:
+                authorize(request)
+                response = await handler(request)
+            except ApiError as e:
+                response = _error(e)
+            except ClientDisconnect:
+                response = _Disconnected()
+            if not isinstance(response, _EventStream):  # a stream records itself when it ends
+                metrics.requests.labels(endpoint=name, status=str(response.status_code)
+                                        if response.status_code != 499 else "disconnected").inc()
+                if name != "models":
+                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - t0)
+            return response
+
+        return wrapped
+
+    async def generate(request: Request, name: str, req: GenerationRequest) -> Response:
+        if req.is_chat and not has_template:
+            raise ApiError(400, f"the model {model!r} has no chat template (its tokenizer had none at export): "
+                                "use /v1/completions with a plain prompt", code="no_chat_template")
+        job = Job(req, asyncio.get_running_loop())
+        try:
+            scheduler.submit(job)
+        except QueueFull:
+            raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting): retry later",
+                           code="queue_full", type="rate_limit_error",
+                           headers={"Retry-After": str(scheduler.retry_after())}) from None
+        disconnected = asyncio.ensure_future(_until_disconnect(request.receive))
+        streaming = False
+        try:
+            first = await _first(job.events.get(), disconnected)
+            if first is None:
+                return _Disconnected()
+            if isinstance(first, Failed):
+                raise first.error
+            assert isinstance(first, Started)
+            rid = protocol.new_id(req)
+            if req.stream:
+                outcome = {"status": "disconnected"}
+
+                def on_end(completed: bool) -> None:
+                    scheduler.cancel(job)  # no-op for a finished job; stops one whose client left
+                    metrics.requests.labels(endpoint=name, status=outcome["status"] if completed
+                                            else "disconnected").inc()
+                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - request.state.arrived)
+
+                streaming = True
+                return _EventStream(stream_events(job, req, rid, first, outcome), disconnected, on_end)
+            end = await _first(finished(job), disconnected)
+            if end is None:
+                return _Disconnected()
+            return JSONResponse(protocol.response(req, rid, model, end.result, first.prompt_tokens))
+        finally:
+            if not streaming:
+                scheduler.cancel(job)
+                disconnected.cancel()
+
+    async def finished(job: Job) -> Finished:
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Finished):
+                return event
+            if isinstance(event, Failed):
+                raise event.error
+
+    async def stream_events(job: Job, req: GenerationRequest, rid: str, started: Started,
+                            outcome: dict[str, str]) -> AsyncIterator[bytes]:
+        if req.is_chat:
+            yield _sse(protocol.chunk(req, rid, model, first=True))
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Piece):
+                yield _sse(protocol.chunk(req, rid, model, event.text))
+            elif isinstance(event, Finished):
+                result = event.result
+                last = protocol.chunk(req, rid, model, finish=protocol.FINISH[result.finish_reason])
+                last["specrt"] = protocol.extension(result.stats)
+                yield _sse(last)
+                if req.include_usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
+                    tail = protocol.chunk(req, rid, model)
+                    tail["choices"], tail["usage"] = [], protocol.usage(started.prompt_tokens, len(result.token_ids))
+                    yield _sse(tail)
+                yield b"data: [DONE]\n\n"
+                outcome["status"] = "200"
+                return
+            else:  # Failed after the 200 went out: OpenAI clients raise on an error event
+                assert isinstance(event, Failed)
+                yield _sse(event.error.body())
+                outcome["status"] = str(event.error.status)
+                return
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completions", protocol.parse_completion(await read_json(request), model))
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat", protocol.parse_chat(await read_json(request), model))
+
+    async def models(request: Request) -> Response:
+        card = {"id": model, "object": "model", "created": created, "owned_by": "specrt"}
+        wanted = request.path_params.get("model")
+        if wanted is None:
+            return JSONResponse({"object": "list", "data": [card]})
+        if wanted != model:
+            raise ApiError(404, f"the model {wanted!r} does not exist; this server serves {model!r}",
+                           code="model_not_found")
+        return JSONResponse(card)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model, "queue_depth": scheduler.depth,
+                             "max_queue": config.max_queue, "busy": scheduler.busy})
+
+    async def prometheus(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this answer, so uvicorn logs the traceback; the client gets none.
+        return _error(ApiError(500, "internal server error (details are in the server log)"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    routes = [
+        Route("/v1/models", endpoint("models", models), methods=["GET"]),
+        Route("/v1/models/{model:path}", endpoint("models", models), methods=["GET"]),
+        Route("/v1/completions", endpoint("completions", completions), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint("chat", chat), methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.scheduler, app.state.metrics, app.state.model = scheduler, metrics, model
+    return app
+
+
+def _absorb(signum: int, frame: Any) -> None:
+    """Stands in for the default action of SIGTERM/SIGINT while uvicorn runs (see :func:`run`)."""
+
+
+def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str], None] | None = None) -> None:
+    """Serve ``gen`` until SIGTERM or Ctrl+C; returns normally after a graceful stop. ``announce`` receives
+    one line (model id, method, URL) once the warm-up generation has passed.
+
+    On the signal uvicorn stops accepting, lets in-flight requests finish for ``drain_timeout_s`` and
+    cancels the rest; then the app's lifespan stops the generator thread."""
+    import uvicorn
+
+    from ..runtime.tree import TreeShape
+
+    # One short generation before the port opens: a method the bundle cannot run (medusa without heads,
+    # draft without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid.
+    gen.generate("Hello", max_new_tokens=2, method=config.method, gamma=config.gamma,
+                 tree=TreeShape.parse(config.tree))
+    if not is_loopback(config.host) and config.api_key is None:
+        log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
+                    config.host)
+    app = create_app(gen, config)
+    if announce is not None:
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        announce(f"serving {app.state.model!r} ({config.method}) at http://{host}:{config.port}/v1")
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"))
+    # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:
+    # a handler that does nothing makes that a no-op, so a stopped server exits 0 (systemd and Docker read
+    # death-by-signal as a failure).
+    previous = {sig: signal.signal(sig, _absorb) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

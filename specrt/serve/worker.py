@@ -1,0 +1,225 @@
+"""One generator, one thread, requests in arrival order.
+
+The generator is not thread-safe and serves one sequence at a time (batch size 1, the edge norm), so a
+single worker thread owns it and takes jobs from a bounded FIFO. A job hands its events (start, text
+pieces, end) to the event loop that waits for them through ``loop.call_soon_threadsafe``; the web side
+never touches the generator. Cancelling a job (its client went away, or the server stops) takes it out
+of the queue at once, or stops its generation at the next piece the generator yields, i.e. the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..errors import ContextLengthError, SpecrtError
+from .metrics import ServeMetrics
+from .protocol import ApiError, GenerationRequest
+
+log = logging.getLogger("specrt.serve")
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: Any  # GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Event = Started | Piece | Finished | Failed
+
+
+class QueueFull(Exception):
+    """The bounded queue holds ``max_queue`` waiting requests already."""
+
+
+@dataclass(eq=False)
+class Job:
+    """A request in the queue or on the generator; ``events`` is read on the event loop only."""
+
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def emit(self, event: Event) -> None:
+        """Called from the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is left to read it
+            self.cancelled.set()
+
+
+def _hide(message: str, secrets: tuple[str, ...]) -> str:
+    """Error bodies never carry file paths: the bundle's location is replaced by a neutral word."""
+    for s in secrets:
+        message = message.replace(s, "<bundle>")
+    return message
+
+
+class Scheduler:
+    """The bounded FIFO and the thread that serves it with ``gen``.
+
+    ``method`` / ``gamma`` / ``tree`` apply to every request (the server's ``--method`` / ``--gamma``); sampling
+    settings come with each request. ``max_queue`` counts waiting requests, not the one being generated."""
+
+    def __init__(self, gen: Any, max_queue: int, metrics: ServeMetrics, method: str = "draft",
+                 gamma: int | str = 4, tree: Any = None) -> None:
+        self.gen, self.max_queue, self.metrics = gen, max_queue, metrics
+        self.settings: dict[str, Any] = {"method": method, "gamma": gamma, **({"tree": tree} if tree is not None else {})}
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._running: Job | None = None
+        self._stopping = False
+        self._service_s = 1.0  # moving average of a generation's duration: the Retry-After estimate
+        self._thread = threading.Thread(target=self._serve, name="specrt-generator", daemon=True)
+        bundle = getattr(gen, "bundle", None)
+        self._paths = tuple(sorted({str(bundle), str(bundle.resolve())}, key=len, reverse=True)) if bundle else ()
+
+    # --- the event loop's side --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` behind the others, or raise :class:`QueueFull`."""
+        with self._cond:
+            if self._stopping:
+                raise ApiError(503, "the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull()
+            self._waiting.append(job)
+            self.metrics.queue_depth.set(len(self._waiting))
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Stop ``job``: out of the queue now, or off the generator at its next step. Idempotent."""
+        job.cancelled.set()
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self.metrics.queue_depth.set(len(self._waiting))
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the queue moves when the running generation ends."""
+        return max(1, math.ceil(self._service_s))
+
+    @property
+    def depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is queued and running, and wait for the thread (blocking: call it off the loop)."""
+        with self._cond:
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            if self._running is not None:
+                self._running.cancelled.set()
+            self.metrics.queue_depth.set(0)
+            self._cond.notify_all()
+        for job in waiting:
+            job.cancelled.set()
+            job.emit(Failed(ApiError(503, "the server is shutting down")))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the worker thread -------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                job = self._running = self._waiting.popleft()
+                self.metrics.queue_depth.set(len(self._waiting))
+            t0 = time.perf_counter()
+            self.metrics.busy.set(1)
+            try:
+                if not job.cancelled.is_set():
+                    self.metrics.queue_wait.observe(t0 - job.submitted)
+                    self._run(job)
+            finally:
+                self.metrics.busy.set(0)
+                with self._cond:
+                    self._running = None
+                self._service_s = 0.8 * self._service_s + 0.2 * (time.perf_counter() - t0)
+
+    def _pieces(self, req: GenerationRequest) -> tuple[int, Iterator[str]]:
+        """The prompt's length in tokens and the generation's text pieces (nothing runs until iterated)."""
+        gen = self.gen
+        if req.is_chat:
+            n_prompt = len(gen.encode_chat(req.messages))
+            start: Callable[..., Iterator[str]] = lambda **kw: gen.stream_chat(list(req.messages), **kw)  # noqa: E731
+        else:
+            n_prompt = len(gen.encode(req.prompt))
+            start = lambda **kw: gen.stream(req.prompt, **kw)  # noqa: E731
+        max_new = req.max_tokens
+        if max_new is None:  # "as long as the context allows", OpenAI's chat default
+            max_new = gen.max_context - n_prompt
+            if max_new < 1:
+                raise ContextLengthError(f"the prompt ({n_prompt} tokens) fills the model's context of "
+                                         f"{gen.max_context} tokens")
+        return n_prompt, start(max_new_tokens=max_new, temperature=req.temperature, top_k=req.top_k,
+                               top_p=req.top_p, seed=req.seed, stop=req.stop, **self.settings)
+
+    def _run(self, job: Job) -> None:
+        pieces: Iterator[str] | None = None
+        try:
+            n_prompt, pieces = self._pieces(job.request)
+            # The first step runs before the job reports it started: errors the generator raises on its
+            # first step (a prompt beyond the context, a bad setting) still become a plain 400.
+            first = next(pieces, None)
+            job.emit(Started(n_prompt))
+            if first is not None:
+                self.metrics.first_token.observe(time.perf_counter() - job.submitted)
+                job.emit(Piece(first))
+            for piece in pieces:
+                if job.cancelled.is_set():
+                    break
+                job.emit(Piece(piece))
+            if job.cancelled.is_set():  # checked once more: the last piece may have come after the cancel
+                self.metrics.generations.labels(finish="cancelled").inc()
+                # Read only when the server, not the client, cancelled it (shutdown): the client hears why.
+                job.emit(Failed(ApiError(503, "the generation was cancelled: the server is shutting down")))
+                return
+            result = self.gen.last_result
+            self.metrics.record(n_prompt, result)
+            job.emit(Finished(result))
+        except SpecrtError as e:
+            status, code = (400, "context_length_exceeded") if isinstance(e, ContextLengthError) else (
+                (400, None) if isinstance(e, ValueError) else (500, None))
+            self.metrics.generations.labels(finish="failed").inc()
+            job.emit(Failed(ApiError(status, _hide(str(e), self._paths), code=code)))
+        except Exception:  # one request's bug must not take the server down: log it, answer 500, serve on
+            log.exception("generation failed")
+            self.metrics.generations.labels(finish="failed").inc()
+            job.emit(Failed(ApiError(500, "internal error while generating (details are in the server log)")))
+        finally:
+            if pieces is not None and hasattr(pieces, "close"):
+                pieces.close()  # a generation stopped early releases its generator frame here, on this thread
