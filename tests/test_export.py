@@ -132,7 +132,7 @@ def test_non_causal_lm_is_refused(tmp_path, pairs):
 
     BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=32)).save_pretrained(tmp_path / "bert")
-    with pytest.raises(UnsupportedArchitectureError, match="'bert' is not supported; supported: gpt2, llama"):
+    with pytest.raises(UnsupportedArchitectureError, match="'bert' is not supported; supported: gemma2, gemma3_text, gpt2, llama"):
         export_bundle(str(tmp_path / "bert"), None, tmp_path / "out")
 
 
