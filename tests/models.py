@@ -139,3 +139,16 @@ def save_pair(root: Path, model_type: str) -> tuple[Path, Path]:
     draft = save_model(root / f"{model_type}-draft", model_type, seed=2, layers=1, hidden=32, heads=2, kv_heads=1,
                        vocab=VOCAB + 16, tokenizer=tok)
     return target, draft
+
+
+def assert_loads_no_torch(bundle: Path, call: str) -> None:
+    """Load ``bundle`` and run ``call`` (on ``g``, the generator) in a fresh interpreter: the runtime path
+    must import neither torch, transformers nor onnx."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, specrt; g = specrt.load(sys.argv[1]); {call}; "
+            "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code, str(bundle)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

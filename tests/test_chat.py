@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jinja2
 import pytest
 from click.testing import CliRunner
-from models import CHAT_TEMPLATE, make_tokenizer
+from models import CHAT_TEMPLATE, assert_loads_no_torch, make_tokenizer
 
 import specrt
 from specrt.cli import main
@@ -176,12 +174,7 @@ def test_chat_and_stream_chat_give_the_same_reply(chat_gen):
 
 
 def test_chat_imports_no_torch_or_transformers(chat_bundle):
-    code = ("import sys, specrt; g = specrt.load(sys.argv[1]); "
-            "g.chat([{'role': 'user', 'content': 'hi'}], max_new_tokens=4, method='none'); "
-            "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    res = subprocess.run([sys.executable, "-c", code, str(chat_bundle)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert_loads_no_torch(chat_bundle, "g.chat([{'role': 'user', 'content': 'hi'}], max_new_tokens=4, method='none')")
 
 
 def test_generation_stops_at_the_end_of_turn_id(chat_bundle, tmp_path):

@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from models import assert_loads_no_torch
 from transformers import AutoModelForCausalLM
 
 import specrt
@@ -213,12 +212,7 @@ def test_bad_bundles(close_bundle, tmp_path):
 
 
 def test_runtime_imports_no_torch(close_bundle):
-    code = ("import sys, specrt; g = specrt.load(sys.argv[1]); "
-            "g.generate('def f():', max_new_tokens=8, method='draft'); "
-            "bad = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    res = subprocess.run([sys.executable, "-c", code, str(close_bundle)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert_loads_no_torch(close_bundle, "g.generate('def f():', max_new_tokens=8, method='draft')")
 
 
 def test_stats_are_consistent(close):
