@@ -191,6 +191,9 @@ class RotaryDecoderAdapter(DecoderAdapter):
     def __init__(self, model: nn.Module, fused: bool = False, positions: int | None = None) -> None:
         self.check_config(model.config)
         super().__init__(model, fused, positions)
+        # Fixed per model; the torch backend runs forward every step, so read once here.
+        self._windows = [self._layer_window(i) for i in range(len(self.layers()))]
+        self._layer_types = [self._rotary_kind(i) for i in range(len(self.layers()))]
         self._tables = self._rotary_tables(positions or self.max_positions(model.config))
         if fused:
             self._packed = [(self._pack_qkv(b.self_attn), self._pack_gate_up(b.mlp)) for b in self.layers()]
@@ -226,6 +229,9 @@ class RotaryDecoderAdapter(DecoderAdapter):
         return limit
 
     def window(self, index: int) -> int | None:
+        return self._windows[index]
+
+    def _layer_window(self, index: int) -> int | None:
         # Qwen2/3 and Gemma mark each layer's window on its attention; Mistral and Phi-3 slide on every layer.
         attn = self.model.model.layers[index].self_attn
         c = self.model.config
@@ -235,7 +241,7 @@ class RotaryDecoderAdapter(DecoderAdapter):
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(input_ids)  # Gemma's embedding applies its √hidden scale itself
 
-    def _layer_type(self, index: int) -> str | None:
+    def _rotary_kind(self, index: int) -> str | None:
         types = getattr(self.model.config, "layer_types", None)
         rotary = self.model.model.rotary_emb
         # Gemma 3 has one rotary base per layer type (local / global); everyone else one for all layers.
@@ -246,7 +252,7 @@ class RotaryDecoderAdapter(DecoderAdapter):
         emb = self.model.model.embed_tokens.weight
         x, pos = emb[:1].unsqueeze(0), torch.arange(positions, device=emb.device).unsqueeze(0)
         out = {}
-        for kind in {self._layer_type(i) for i in range(len(self.layers()))}:
+        for kind in set(self._layer_types):
             kw = {"layer_type": kind} if kind is not None else {}
             with torch.no_grad():
                 cos, sin = self.model.model.rotary_emb(x, pos, **kw)
@@ -302,7 +308,7 @@ class RotaryDecoderAdapter(DecoderAdapter):
         b, q_len, _ = h.shape
         q, k, v = (t.view(b, q_len, -1, d) for t in self._qkv(attn, blk.input_layernorm(h)))
         q, k = self._head_norms(attn, q, k)
-        cos, sin = pos[self._layer_type(index)]
+        cos, sin = pos[self._layer_types[index]]
         q, k = (self._rotate(t, cos, sin) for t in (q, k))
         out = attn.o_proj(attend(q, k, v, past_k, past_v, mask_add, attn.scaling, self._softcap()))
         return self._residuals(index, h, out) + (k, v)
@@ -333,7 +339,8 @@ class RotaryDecoderAdapter(DecoderAdapter):
         gate, up = nn.functional.linear(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
         return blk.mlp.down_proj(self._act(blk.mlp)(gate) * up)
 
-    def _pack_qkv(self, attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @staticmethod
+    def _pack_qkv(attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         if hasattr(attn, "qkv_proj"):
             return attn.qkv_proj.weight.detach(), None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.detach()
         return _pack([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -358,7 +365,7 @@ class RotaryDecoderAdapter(DecoderAdapter):
         if hasattr(attn, "q_norm"):
             qn, kn = self._head_norms(attn, q.view(b, q_len, dims.num_heads, -1), k.view(b, q_len, dims.num_kv_heads, -1))
             q, k = qn.reshape(b, q_len, -1), kn.reshape(b, q_len, -1)
-        cos, sin = self._tables[self._layer_type(index)]
+        cos, sin = self._tables[self._layer_types[index]]
         q = rotary(q, position_ids, cos, sin, dims.num_heads)
         k = rotary(k, position_ids, cos, sin, dims.num_kv_heads)
         keys = torch.cat([past_k.reshape(b, -1, kv_width), k], dim=1)
