@@ -44,10 +44,17 @@ def row_scale(ref: np.ndarray) -> np.ndarray:
     return np.maximum(ref.astype(np.float64).std(axis=-1), 1.0)
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax of logits (..., V) in float64."""
     x = x.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def row_kl(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """KL(softmax(ref) || softmax(got)) in nats for each row of logits (..., V), in float64."""
+    lp, lq = log_softmax(ref), log_softmax(got)
+    return (np.exp(lp) * (lp - lq)).sum(axis=-1)
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
@@ -55,10 +62,8 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     ref = ref.reshape(-1, ref.shape[-1])
     got = got.reshape(-1, got.shape[-1])
     diff = np.abs(got.astype(np.float64) - ref)
-    lp, lq = _log_softmax(ref), _log_softmax(got)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
     return {"abs": float(diff.max()), "rel": float((diff.max(axis=-1) / row_scale(ref)).max()),
-            "kl": float(kl.max()), "top1": float((ref.argmax(-1) == got.argmax(-1)).mean())}
+            "kl": float(row_kl(ref, got).max()), "top1": float((ref.argmax(-1) == got.argmax(-1)).mean())}
 
 
 def within(figures: dict[str, float], tol: ParityTolerance) -> bool:

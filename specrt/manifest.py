@@ -61,11 +61,11 @@ class ModelEntry:
 
 
 def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
-    return {case: ({"abs": float(v)} if isinstance(v, (int, float)) else {k: float(x) for k, x in v.items()})
-            for case, v in raw.items()}
+    return {case: _parity_tolerance(v) for case, v in raw.items()}
 
 
 def _parity_tolerance(raw: Any) -> dict[str, float]:
+    """Named figures; a bare number (bundles before the relative criterion) is the max |diff|."""
     return {"abs": float(raw)} if isinstance(raw, (int, float)) else {k: float(x) for k, x in raw.items()}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import contract as C
 from ..errors import ConfigError, SpecrtError
+from ..logit_parity import log_softmax, row_kl
 from ..manifest import Manifest, load_manifest
 from .staging import staged
 
@@ -130,20 +131,14 @@ def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, ro
             continue
         rows = [d.forward(d.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits.copy()
                 for d in decoders]
-        logp = [r.astype(np.float64) - _logsumexp(r.astype(np.float64)) for r in rows]
-        p = np.exp(logp[0])
-        kls.extend((p * (logp[0] - logp[1])).sum(-1))
+        kls.extend(row_kl(rows[0], rows[1]))
+        p = np.exp(log_softmax(rows[0]))
         top2 = np.sort(p, axis=-1)[:, -2:]
         sure = top2[:, 1] - top2[:, 0] >= DECISIVE_GAP
         decisive += int(sure.sum())
         agree += int((rows[0].argmax(-1) == rows[1].argmax(-1))[sure].sum())
     return {"mean_kl": float(np.mean(kls)), "top1_agreement": agree / decisive if decisive else 1.0,
             "decisive_positions": decisive, "positions": len(kls)}
-
-
-def _logsumexp(x: np.ndarray) -> np.ndarray:
-    m = x.max(-1, keepdims=True)
-    return m + np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
 def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions = QuantizeOptions(),
