@@ -169,7 +169,7 @@ def test_chat_and_stream_chat_give_the_same_reply(chat_gen):
     assert out.text and out.token_ids and out.finish_reason in ("length", "eos")
     assert "".join(chat_gen.stream_chat(MESSAGES, max_new_tokens=12, method="ngram")) == out.text
     # The reply is the continuation of the encoded conversation, exactly as a token-level generation.
-    plain = chat_gen._stream(chat_gen.encode_chat(MESSAGES), max_new_tokens=12, method="none")
+    plain = chat_gen.stream_ids(chat_gen.encode_chat(MESSAGES), max_new_tokens=12, method="none")
     assert "".join(plain) == out.text
 
 

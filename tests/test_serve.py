@@ -386,14 +386,20 @@ class _Faulty:
 
     def __init__(self, gen) -> None:
         self._gen = gen
+        self._prompt = None
 
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
-    def stream(self, prompt, **kw):
+    def encode(self, prompt):  # the server encodes once, then streams from the ids
+        self._prompt = prompt
+        return self._gen.encode(prompt)
+
+    def stream_ids(self, ids, **kw):
+        prompt = self._prompt
         if prompt == "boom":
             raise RuntimeError(f"a bug, with a path: {ROOT}/secret.py")
-        pieces = self._gen.stream(prompt, **kw)
+        pieces = self._gen.stream_ids(ids, **kw)
         if prompt == "boom later":
             def failing():
                 yield next(pieces)

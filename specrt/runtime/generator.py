@@ -170,7 +170,7 @@ class SpeculativeGenerator:
         shape ``tree``, children per depth), "medusa" (the bundle's Medusa heads and static tree),
         "ngram" (prompt lookup) or "none" (plain decoding). ``acceptance="typical"`` (Medusa only) is
         LOSSY: faster sampling whose output is not distributed as the target's."""
-        return self._stream(self.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
+        return self.stream_ids(self.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, method=method, gamma=gamma, stop=stop, tree=tree,
                             acceptance=acceptance)
 
@@ -178,12 +178,14 @@ class SpeculativeGenerator:
         """Yield the assistant's reply to ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}])
         as it is decided; same keyword arguments as :meth:`stream`. The reply ends at any of the bundle's
         end ids (``eos_token_ids``), e.g. the template's end-of-turn token."""
-        return self._stream(self.encode_chat(messages), **kwargs)
+        return self.stream_ids(self.encode_chat(messages), **kwargs)
 
-    def _stream(self, tokens: list[int], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-                stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
-                acceptance: str = "exact") -> Iterator[str]:
+    def stream_ids(self, tokens: list[int], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                   top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
+                   stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
+                   acceptance: str = "exact") -> Iterator[str]:
+        """:meth:`stream` from prompt token ids already encoded (:meth:`encode`, :meth:`encode_chat`), for a
+        caller that needs them too (a server counting prompt tokens) without encoding twice."""
         sampling = SamplingConfig(temperature, top_k, top_p)
         gamma = _check_gamma(gamma)
         if max_new_tokens < 1:

@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ..errors import ContextLengthError, SpecrtError
 from .metrics import ServeMetrics
@@ -173,20 +173,16 @@ class Scheduler:
     def _pieces(self, req: GenerationRequest) -> tuple[int, Iterator[str]]:
         """The prompt's length in tokens and the generation's text pieces (nothing runs until iterated)."""
         gen = self.gen
-        if req.is_chat:
-            n_prompt = len(gen.encode_chat(req.messages))
-            start: Callable[..., Iterator[str]] = lambda **kw: gen.stream_chat(list(req.messages), **kw)  # noqa: E731
-        else:
-            n_prompt = len(gen.encode(req.prompt))
-            start = lambda **kw: gen.stream(req.prompt, **kw)  # noqa: E731
+        ids = gen.encode_chat(req.messages) if req.is_chat else gen.encode(req.prompt)
+        n_prompt = len(ids)
         max_new = req.max_tokens
         if max_new is None:  # "as long as the context allows", OpenAI's chat default
             max_new = gen.max_context - n_prompt
             if max_new < 1:
                 raise ContextLengthError(f"the prompt ({n_prompt} tokens) fills the model's context of "
                                          f"{gen.max_context} tokens")
-        return n_prompt, start(max_new_tokens=max_new, temperature=req.temperature, top_k=req.top_k,
-                               top_p=req.top_p, seed=req.seed, stop=req.stop, **self.settings)
+        return n_prompt, gen.stream_ids(ids, max_new_tokens=max_new, temperature=req.temperature, top_k=req.top_k,
+                                        top_p=req.top_p, seed=req.seed, stop=req.stop, **self.settings)
 
     def _run(self, job: Job) -> None:
         pieces: Iterator[str] | None = None
