@@ -74,8 +74,10 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures:
-    llama, mistral, qwen2, gpt2. Every graph is checked against PyTorch (prefill, 1-token decode,
-    a 5-token chain and a tree) before the bundle appears; the figures go into specrt.json.
+    llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, gpt2. Every graph is checked against
+    PyTorch computed in fp32 (prefill, 1-token decode, a 5-token chain, a tree and a prefill at the last
+    position) before the bundle appears: logit error relative to each row's spread, and KL; the
+    figures go into specrt.json.
 
     \b
     Examples:

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specrt.cli import main
+from specrt.export.architectures import supported_model_types
 
 
 def invoke(*args: str):
@@ -27,7 +28,18 @@ def test_help_teaches():
         res = invoke(*cmd, "--help")
         assert res.exit_code == 0
     assert "Example" in invoke("run", "--help").output
-    assert "llama, mistral, qwen2, gpt2" in invoke("export", "--help").output
+    export_help = invoke("export", "--help").output
+    assert all(arch in export_help for arch in supported_model_types())
+
+
+def test_an_unsupported_feature_of_a_known_architecture_is_one_line(pairs, tmp_path):
+    import shutil
+
+    target = shutil.copytree(pairs["gemma3_text"][0], tmp_path / "bidirectional")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": True}))
+    assert_one_line_error(invoke("export", str(target), "-o", str(tmp_path / "b")), "use_bidirectional_attention")
+    assert not (tmp_path / "b").exists()
 
 
 def test_export_and_run(pairs, tmp_path):
