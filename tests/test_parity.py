@@ -110,6 +110,7 @@ def test_float32_compute_is_exact_and_restores_the_model(llama3):
 
     ids = torch.arange(5, 30)[None]
     fp16 = AutoModelForCausalLM.from_pretrained(llama3, dtype=torch.float16).eval()
+    fp16.model.norm.register_buffer("probe", torch.ones(3))  # an fp32 tensor beside fp16 weights stays fp32
     before = {k: v.clone() for k, v in fp16.state_dict().items()}
     with torch.no_grad():
         ref = copy.deepcopy(fp16).float()(ids).logits  # the same fp16-rounded weights, computed in fp32
@@ -117,7 +118,9 @@ def test_float32_compute_is_exact_and_restores_the_model(llama3):
             got = fp16(ids).logits
     assert got.dtype == torch.float32 and torch.equal(got, ref)
     after = fp16.state_dict()
-    assert all(after[k].dtype == torch.float16 and torch.equal(after[k], v) for k, v in before.items())
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert after["model.norm.probe"].dtype == torch.float32
+    assert {v.dtype for k, v in after.items() if k != "model.norm.probe"} == {torch.float16}
     assert fp16.lm_head.weight is fp16.model.embed_tokens.weight  # still tied
 
 

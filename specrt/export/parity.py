@@ -41,27 +41,30 @@ def _path(parents: tuple[int, ...], node: int) -> list[int]:
 def float32_compute(model: torch.nn.Module) -> Iterator[None]:
     """Run ``model`` in fp32 whatever its weights' dtype, holding one module's fp32 copy at a time.
 
-    Each module that owns floating parameters or buffers is cast up just before its forward and back
-    after (fp16 → fp32 → fp16 is exact); tied weights stay tied because ``Module.to`` swaps ``.data``.
+    Each module's own low-precision parameters and buffers (not its children's) are cast up just before
+    its forward and back to their own dtype after (fp16 → fp32 → fp16 is exact); fp32 tensors beside them
+    are left alone, and tied weights stay tied because only ``.data`` is swapped.
     """
-    def owned(m):
-        return [t for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)] if t.is_floating_point()]
+    owned = {m: [(t, t.dtype) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+                 if t.is_floating_point() and t.dtype != torch.float32] for m in model.modules()}
+    owned = {m: tensors for m, tensors in owned.items() if tensors}
 
-    low = {m: owned(m)[0].dtype for m in model.modules() if owned(m) and owned(m)[0].dtype != torch.float32}
-    if not low:
-        yield
-        return
-    handles = []
-    for m, dtype in low.items():
-        handles.append(m.register_forward_pre_hook(lambda mod, args: (mod.to(torch.float32), None)[1]))
-        handles.append(m.register_forward_hook(lambda mod, args, out, d=dtype: (mod.to(d), None)[1]))
+    def up(module, *_):
+        for t, _dtype in owned[module]:
+            t.data = t.data.float()
+
+    def down(module, *_):
+        for t, dtype in owned[module]:
+            t.data = t.data.to(dtype)
+
+    handles = [h for m in owned for h in (m.register_forward_pre_hook(up), m.register_forward_hook(down))]
     try:
         yield
     finally:
         for h in handles:
             h.remove()
-        for m, dtype in low.items():
-            m.to(dtype)
+        for m in owned:
+            down(m)
 
 
 @dataclass(frozen=True)
