@@ -41,3 +41,7 @@ class OutputPathError(SpecrtError):
 
 class ChatTemplateError(SpecrtError, ValueError):
     """A chat template refused the messages (its ``raise_exception``), or does not compile or render."""
+
+
+class ExportProcessError(SpecrtError):
+    """The child process that exported one model died or failed in a way it could not report as a typed error."""

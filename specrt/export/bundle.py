@@ -16,6 +16,7 @@ from ..logit_parity import PARITY_TOLERANCE
 from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
 from .architectures import adapter_for
+from .isolation import run_isolated
 from .loading import load_causal_lm, load_config, load_generation_config, load_tokenizer, resolve_source
 from .onnx_export import EXPORTERS, export_decoder
 from .parity import ParityCases, check_parity, golden_logits, reference_logits
@@ -25,6 +26,8 @@ from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
 GRAPHS = ("auto", "fused", "portable")
+ISOLATE_BYTES = 512 * 2**20
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,10 @@ class ExportOptions:
     medusa_nodes: int = 24  # node budget of the static Medusa tree
     # "auto": fused where the architecture has a fused graph (see fused_ops), else portable.
     graph: str = "auto"
+    # Run each model's PyTorch side (load, reference logits, graph) in a child process whose memory goes
+    # back to the OS before ONNX Runtime checks the graph. None: only for checkpoints of ISOLATE_BYTES or
+    # more (the child's start, ~3 s of imports, is not worth it for small models).
+    isolate: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -58,6 +65,15 @@ class ExportOptions:
         if self.graph == "auto":
             return adapter_cls.fused_supported(config) and self.exporter == "dynamo"
         return self.graph == "fused"
+
+    def isolate_for(self, source: str) -> bool:
+        """Whether ``source``'s PyTorch side runs in a child process (hub ids: always, under ``None``)."""
+        if self.isolate is not None:
+            return self.isolate
+        folder = Path(source)
+        if not folder.is_dir():
+            return True
+        return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in WEIGHT_SUFFIXES) >= ISOLATE_BYTES
 
 
 def release_memory() -> None:
@@ -139,6 +155,37 @@ def _tokenizer_entry(tok, model_config, generation_config, vocab_size: int) -> T
                                           if not isinstance(v, (list, tuple))})
 
 
+@dataclass(frozen=True)
+class RoleJob:
+    """What the PyTorch side of one model's export needs (picklable: it may run in a child process)."""
+
+    role: str
+    source: str
+    options: ExportOptions
+    fused: bool
+    max_context: int
+    cases: ParityCases
+    token_limit: int
+    path: Path
+
+
+def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
+    """Load one model, compute its fp32 reference and golden logits, write its graph to ``job.path``;
+    returns (dims, reference, golden). Everything PyTorch holds is garbage once this returns."""
+    with reporter.step(f"Loading {job.role} {job.source}"):
+        model = load_causal_lm(job.source, job.options.dtype)
+        adapter = adapter_for(model.config.model_type)(model, fused=job.fused, positions=job.max_context)
+        dims = adapter.dims()
+    with reporter.step(f"Reference logits of {job.role} (PyTorch, fp32)"):
+        reference = reference_logits(model, job.cases)
+        golden = golden_logits(model, job.token_limit)
+        release_memory()  # the fp32 upcasts' freed blocks, before the exporter's own peak
+    graph = "fused" if job.fused else "portable"
+    with reporter.step(f"Exporting {job.role} to ONNX ({job.options.exporter}, {graph} graph)"):
+        export_decoder(adapter, job.path, job.options.dtype, job.options.opset, job.options.exporter)
+    return dims, reference, golden
+
+
 def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
                   reporter: Reporter = SilentReporter()) -> Manifest:
     """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed."""
@@ -169,22 +216,15 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         medusa = None
         cases = ParityCases.draw(len(tokenizers["target"]), max_context)
         for role, src in sources.items():
-            with reporter.step(f"Loading {role} {src}"):
-                model = load_causal_lm(src, options.dtype)
-                adapter_cls = adapter_for(configs[role].model_type)
-                fused = options.fused_for(adapter_cls, configs[role])
-                adapter = adapter_cls(model, fused=fused, positions=max_context)
-                dims = adapter.dims()
-            with reporter.step(f"Reference logits of {role} (PyTorch, fp32)"):
-                reference = reference_logits(model, cases)
-                golden = golden_logits(model, len(tokenizers["target"]))
-                release_memory()  # the fp32 upcasts' freed blocks, before the exporter's own peak
-            graph = "fused" if fused else "portable"
-            with reporter.step(f"Exporting {role} to ONNX ({options.exporter}, {graph} graph)"):
-                export_decoder(adapter, tmp / f"{role}.onnx", options.dtype, options.opset, options.exporter)
-            # The model is done with: free it before ONNX Runtime loads the graph (peak memory).
-            del model, adapter
-            release_memory()
+            job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(configs[role].model_type), configs[role]),
+                          max_context=max_context, cases=cases, token_limit=len(tokenizers["target"]),
+                          path=tmp / f"{role}.onnx")
+            if options.isolate_for(src):
+                dims, reference, golden = run_isolated(torch_side, (job,), reporter)
+            else:
+                dims, reference, golden = torch_side(job, reporter=reporter)
+                release_memory()
+            graph = "fused" if job.fused else "portable"
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
                 parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype)
             if role == "target" and options.medusa:

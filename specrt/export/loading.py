@@ -42,6 +42,7 @@ def load_config(source: str):
 
 def load_causal_lm(source: str, dtype: str):
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     try:
@@ -50,7 +51,7 @@ def load_causal_lm(source: str, dtype: str):
     except ValueError as e:
         # transformers raises ValueError for configs with no causal-LM head (e.g. BERT, T5 encoders).
         raise UnsupportedArchitectureError(f"{source} is not a causal language model: {str(e).splitlines()[0]}") from None
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # a truncated or corrupt weights file is a SafetensorError
         raise ModelLoadError(f"could not load the weights of {source!r}: {str(e).splitlines()[0]}") from None
     return model.eval()
 
