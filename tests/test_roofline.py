@@ -131,3 +131,64 @@ def test_plan_bundle_mu_reads_the_graphs():
     assert mu0 == pytest.approx(roofline.mu(roofline.entry_cost(bundle_path(), m.draft),
                                             roofline.entry_cost(bundle_path(), m.target)))
     assert mu != mu0
+
+
+class _FixedMeter:
+    """Two joules per measured stretch, whatever ran."""
+
+    names = ["fixed"]
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> dict[str, float]:
+        return {"fixed": 2.0}
+
+
+@pytest.fixture(scope="module")
+def demo_generator():
+    import specrt
+
+    return specrt.load(bundle_path(), threads=1)
+
+
+def test_bench_rows_carry_bytes_roofline_and_energy(demo_generator):
+    from specrt.bandwidth import Bandwidth
+    from specrt.bench import BenchConfig, builtin_prompts, model_costs, run_bench
+
+    prompts = builtin_prompts("code")[:1]
+    res = run_bench(demo_generator, prompts, BenchConfig(methods=("none", "draft"), max_new_tokens=8, repeats=1),
+                    bandwidth=Bandwidth("given", 10.0), energy=_FixedMeter())
+    m, costs = demo_generator.manifest, model_costs(demo_generator)
+    none, draft = res["methods"]["none"], res["methods"]["draft"]
+    prompt_tokens = len(demo_generator.encode(prompts[0]))
+    assert none["mean_context"] == prompt_tokens + 8 / 2
+    kv = roofline.kv_bytes_per_position(m.target.dims, m.target.dtype)
+    assert none["bytes_per_token"] == pytest.approx(costs["target"].weight_bytes + kv * none["mean_context"])
+    assert none["ops_factor"] == 1.0 and none["draft_passes_per_token"] == 0
+    expected = (draft["target_passes_per_token"] * (costs["target"].weight_bytes + kv * draft["mean_context"])
+                + draft["draft_passes_per_token"] * (costs["draft"].weight_bytes + roofline.kv_bytes_per_position(
+                    m.draft.dims, m.draft.dtype) * draft["mean_context"]))
+    assert draft["bytes_per_token"] == pytest.approx(expected)
+    assert draft["achieved_gbps"] == pytest.approx(draft["bytes_per_token"] * draft["tokens_per_second"] / 1e9)
+    assert draft["roofline_fraction"] == pytest.approx(draft["achieved_gbps"] / 10.0)
+    assert res["roofline"]["plain_roofline_tokens_per_second"] == pytest.approx(10e9 / none["bytes_per_token"])
+    assert none["joules_per_token"] == pytest.approx(2.0 / 8) and none["tokens_per_joule"] == pytest.approx(4.0)
+    assert res["config"]["energy_sources"] == ["fixed"]
+    assert res["config"]["model_costs"]["target"]["source"] == "onnx graph"
+    json.dumps(res)
+
+
+def test_bench_cli_roofline_options(tmp_path):
+    (tmp_path / "p.txt").write_text("def f(x):\n")
+    bad = CliRunner().invoke(main, ["bench", "--bandwidth", "0"])
+    assert bad.exit_code == 1 and bad.output.strip() == "Error: bandwidth must be > 0 GB/s, got 0.0"
+    res = CliRunner().invoke(main, ["bench", "--prompts", str(tmp_path / "p.txt"), "--methods", "none,draft",
+                                    "--max-new-tokens", "6", "--repeats", "1", "--threads", "1", "--bandwidth", "20",
+                                    "--energy", "--json", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    assert "% of roofline" in res.output and "plain decoding reads" in res.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["roofline"]["read_gbps"] == 20.0 and data["methods"]["draft"]["bytes_per_token"] > 0
+    if "energy_sources" not in data["config"]:  # no source on this machine: said, not an error
+        assert any(n.startswith("energy:") for n in data["notes"]) and "note: energy" in res.output
