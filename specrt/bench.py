@@ -13,7 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from . import theory
+from . import roofline, theory
+from .bandwidth import Bandwidth
+from .energy import per_token as energy_per_token
 from .errors import ConfigError, SpecrtError
 from .runtime.generator import SpeculativeGenerator
 from .runtime.sampling import SamplingConfig
@@ -67,8 +69,13 @@ class BenchConfig:
 
 
 def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
-              on_progress: Callable[[str], None] | None = None) -> dict:
-    """Median over repeats of whole-prompt-set figures per method; greedy runs also check parity with none."""
+              on_progress: Callable[[str], None] | None = None, bandwidth: Bandwidth | None = None,
+              energy=None) -> dict:
+    """Median over repeats of whole-prompt-set figures per method; greedy runs also check parity with none.
+
+    Every row has ``bytes_per_token`` (weights + KV cache read per generated token); with ``bandwidth``
+    also the bandwidth achieved, its share of the roofline and the roofline's tokens/s; with ``energy``
+    (an :class:`specrt.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
     gen.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up: first-call allocations
     runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
     outputs: dict[str, list[list[int]]] = {}
@@ -76,16 +83,24 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         for method in cfg.methods:
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
+            if energy is not None:
+                energy.begin()
             stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
                                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                   seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
             outputs.setdefault(method, [s.token_ids for s in stats])
-            runs[method].append(_aggregate([s.stats for s in stats]))
+            joules = sum(energy.end().values()) if energy is not None else None
+            runs[method].append(_aggregate([s.stats for s in stats], joules))
+    costs = model_costs(gen)
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
                          "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
                          "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts),
                          "vocab": gen.manifest.target.dims.vocab_size,
-                         "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle)},
+                         "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
+                         "model_costs": {role: {"weight_bytes": c.weight_bytes,
+                                                "matmul_flops_per_token": c.matmul_flops_per_token, "source": c.source}
+                                         for role, c in costs.items()},
+                         **({"energy_sources": energy.names} if energy is not None else {})},
               "methods": {}}
     base = statistics.median(x["tokens_per_second"] for x in runs["none"])
     decode_ms = statistics.median(x["target_pass_ms"] for x in runs["none"])
@@ -107,11 +122,54 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             row["predicted_speedup"] = None
         if cfg.temperature == 0:
             row["greedy_matches_none"] = outputs[method] == outputs["none"]
+        row.update(_traffic(row, method, costs, gen, bandwidth))
         result["methods"][method] = row
+    if bandwidth is not None:
+        plain = result["methods"]["none"]
+        result["roofline"] = {"device": bandwidth.device, "read_gbps": bandwidth.read_gbps,
+                              "copy_gbps": bandwidth.copy_gbps, "array_bytes": bandwidth.array_bytes,
+                              "plain_bytes_per_token": plain["bytes_per_token"],
+                              "plain_roofline_tokens_per_second": plain["roofline_tokens_per_second"],
+                              "plain_tokens_per_second": plain["tokens_per_second"]}
     return result
 
 
-def _aggregate(stats: list) -> dict:
+def model_costs(gen: SpeculativeGenerator) -> dict[str, roofline.ModelCost]:
+    """Weight bytes and matmul FLOPs per pass of each graph the bundle runs (target, draft, Medusa heads)."""
+    m = gen.manifest
+    costs = {role: roofline.entry_cost(gen.bundle, entry) for role, entry in m.models.items()}
+    if m.medusa is not None:
+        itemsize = 4 if m.target.dtype == "float32" else 2
+        costs["medusa"] = roofline.file_cost(Path(gen.bundle) / m.medusa.file, itemsize)
+    return costs
+
+
+def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: SpeculativeGenerator,
+             bandwidth: Bandwidth | None) -> dict:
+    """Bytes per generated token from the measured passes per token at the measured mean context (the
+    draft reads its own cache over the same positions), and what the bandwidth makes of them."""
+    m = gen.manifest
+    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method == "medusa" else 0)
+    ctx = row["mean_context"]
+    target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
+    draft = (roofline.PassBytes(costs["draft"].weight_bytes, roofline.kv_bytes_per_position(m.draft.dims, m.draft.dtype)
+                                * ctx) if m.draft is not None else None)
+    b = roofline.bytes_per_token(1.0, row["target_passes_per_token"], target,
+                                 row["draft_passes_per_token"] if draft else 0.0, draft)
+    # Arithmetic per token against plain decoding, as measured (Eq. 11's counterpart): each target pass
+    # computes mean_gamma + 1 positions, each draft pass one; Medusa's heads are not counted.
+    flops_t = costs["target"].matmul_flops_per_token
+    ops = (row["target_passes_per_token"] * (row["mean_gamma"] + 1)
+           + (row["draft_passes_per_token"] * costs["draft"].matmul_flops_per_token / flops_t if draft else 0.0))
+    out: dict = {"bytes_per_token": b, "ops_factor": ops if flops_t else None}
+    if bandwidth is not None:
+        achieved = roofline.achieved_gbps(b, row["tokens_per_second"])
+        out.update(achieved_gbps=achieved, roofline_fraction=achieved / bandwidth.read_gbps,
+                   roofline_tokens_per_second=roofline.roofline_tokens_per_second(bandwidth.read_gbps, b))
+    return out
+
+
+def _aggregate(stats: list, joules: float | None = None) -> dict:
     tokens = sum(s.new_tokens for s in stats)
     total = sum(s.total_s for s in stats)
     passes = sum(s.target_passes for s in stats)
@@ -137,7 +195,20 @@ def _aggregate(stats: list) -> dict:
         "host_ms_per_token": 1000 * sum(s.host_s for s in stats) / tokens,
         "share_engine": sum(s.engine_s for s in stats) / total,
         "d2h_bytes_per_target_pass": statistics.mean(s.d2h_bytes_per_target_pass for s in stats),
+        "target_passes_per_token": passes / tokens,
+        "draft_passes_per_token": draft_passes / tokens,
+        # Positions each pass reads on average: passes run from the prompt's end to its end + new tokens.
+        "mean_context": statistics.mean(s.prompt_tokens + s.new_tokens / 2 for s in stats),
+        **({} if joules is None else _energy(joules, tokens)),
     }
+
+
+def _energy(joules: float, tokens: int) -> dict:
+    # A counter that did not advance (NVML updates every 20-100 ms) measured nothing: None, not infinity.
+    if joules <= 0:
+        return {"joules": None, "joules_per_token": None, "tokens_per_joule": None}
+    j_tok, tok_j = energy_per_token(joules, tokens)
+    return {"joules": joules, "joules_per_token": j_tok, "tokens_per_joule": tok_j}
 
 
 def compare_hf(gen: SpeculativeGenerator, result: dict, prompts: list[str], cfg: BenchConfig,

@@ -295,12 +295,23 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
               help="HF checkpoint of the target for --compare hf [default: the manifest's source].")
 @click.option("--hf-draft", type=click.Path(file_okay=False), default=None,
               help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
+@click.option("--roofline", is_flag=True,
+              help="Probe the memory bandwidth first (about a second: the GPU's with torch+CUDA for GPU backends, "
+                   "else host memory) and report per method the GB/s achieved, its share of that roofline, and "
+                   "the tokens/s the roofline allows.")
+@click.option("--bandwidth", "bandwidth_gbps", type=float, default=None, metavar="GBPS",
+              help="Use this bandwidth (GB/s) as the roofline instead of probing: a datasheet figure, or "
+                   "`specrt doctor --bandwidth`'s.")
+@click.option("--energy", is_flag=True,
+              help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
+                   "(whichever this machine reports; which are missing is said, not an error).")
 @_domain_errors
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
           max_new_tokens: int,
           repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, json_out: str | None,
           threads: int | None,
-          compare: str | None, hf_target: str | None, hf_draft: str | None) -> None:
+          compare: str | None, hf_target: str | None, hf_draft: str | None, roofline: bool,
+          bandwidth_gbps: float | None, energy: bool) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
@@ -308,10 +319,18 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     outside the engines' forward calls) and, for greedy runs, whether every method produced the same
     tokens as plain decoding. Sampling settings apply to every method alike.
 
+    Every method also gets its bytes read per generated token (weights of each graph at its precision,
+    plus the KV cache at the measured mean context, times the measured target and draft passes per
+    token) and its arithmetic per token against plain decoding (ops factor). Decoding at batch 1 is
+    memory-bound: --roofline divides the measured bandwidth by those bytes to say how far each method
+    is from the limit.
+
     \b
     Examples:
       specrt bench --bundle bundle --methods none,draft,ngram --repeats 3 --json bench.json
       specrt bench --bundle bundle --methods none,draft --temperature 0.8 --top-p 0.9
+      specrt bench --bundle bundle --methods none,draft --roofline --energy
+      specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
     """
     import json
 
@@ -325,19 +344,51 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
                       top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape))
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
+    from .bandwidth import Bandwidth
+
+    given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
     gen = load(bundle, threads=threads)
     from rich.console import Console
 
+    notes: list[str] = []
     with Console(stderr=True).status("benchmarking…") as status:
-        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"))
+        bw = given or (_probe_for(gen.decoders["target"].provider, notes, status) if roofline else None)
+        meter = _energy_meter(notes) if energy else None
+        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
+                           bandwidth=bw, energy=meter)
         if compare == "hf":
             status.update("benchmarking: Hugging Face generate / assisted generation")
             result["hf"] = compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
+    result["notes"] = notes
     print_bench(result)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)
         click.echo(f"wrote {json_out}")
+
+
+def _probe_for(provider: str, notes: list[str], status):
+    """The bandwidth probe that fits the backend, or None with a note saying why it could not run."""
+    from .bandwidth import ProbeUnavailable, measure
+
+    status.update("measuring memory bandwidth…")
+    try:
+        return measure(provider)
+    except ProbeUnavailable as e:
+        notes.append(f"roofline: {e}; give --bandwidth GBPS instead")
+        return None
+
+
+def _energy_meter(notes: list[str]):
+    """An EnergyMeter over every readable source, or None; why the others are missing goes into notes."""
+    from .energy import EnergyMeter, find_sources
+
+    found = find_sources()
+    notes += [f"energy: {n}" for n in found.notes]
+    if not found.sources:
+        notes.append("energy: no readable energy source on this machine, so no joules per token")
+        return None
+    return EnergyMeter(found.sources)
 
 
 @main.group()
@@ -395,53 +446,76 @@ def medusa_train(model: str, data: str, output: str, num_heads: int, steps: int,
 @main.command()
 @click.option("--alpha", type=float, default=None, help="Acceptance rate α in [0, 1].")
 @click.option("--c", "c", type=float, default=None, help="Cost of a draft pass / cost of a target pass.")
+@click.option("--mu", type=float, default=None,
+              help="Draft / target arithmetic operations per token, for the ops-factor column [default: from the "
+                   "bundle's graphs with --bundle; else c, a time ratio standing in for it].")
 @click.option("--bundle", type=click.Path(file_okay=False), default=None,
-              help="Measure α and c on this bundle first (instead of --alpha/--c).")
+              help="Measure α and c on this bundle first (instead of --alpha/--c), and μ from its graphs.")
 @click.option("--demo", is_flag=True, help="Measure on the demo bundle shipped with specrt.")
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature to measure α at.")
+@click.option("--context", type=int, default=256, show_default=True,
+              help="With --bundle: μ adds attention's FLOPs at this many positions (0: matmuls only).")
 @click.option("--max-gamma", type=int, default=16, show_default=True)
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of speedup vs γ (needs matplotlib).")
 @_domain_errors
-def plan(alpha: float | None, c: float | None, bundle: str | None, demo: bool, temperature: float, max_gamma: int,
-         plot_file: str | None) -> None:
-    """Table of γ, E[tokens per target pass], relative cost γc+1 and speedup; marks the optimal γ.
+def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, demo: bool, temperature: float,
+         context: int, max_gamma: int, plot_file: str | None) -> None:
+    """Table of γ, E[tokens per target pass], relative cost γc+1, speedup and arithmetic-ops factor;
+    marks the optimal γ and says how close it gets to the unlimited-γ ceiling.
 
-    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α), speedup = E / (γc + 1) (Leviathan et al. 2023).
+    \b
+    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α)     speedup = E / (γc + 1)
+    ops factor     = (γμ + γ + 1) / E             (Leviathan et al. 2023, Eq. 11)
+    oracle ceiling = 1 / (1 - α)                  (E as γ → ∞)
+
+    The ops factor is how many times plain decoding's arithmetic speculation spends: it is paid in
+    compute (and energy) even where the memory-bound wall time improves.
 
     \b
     Examples:
-      specrt plan --alpha 0.8 --c 0.02
-      specrt plan --bundle bundle --temperature 0 --plot speedup.png
+      specrt plan --alpha 0.8 --c 0.02 --mu 0.01
+      specrt plan --bundle bundle --temperature 0 --context 1024 --plot speedup.png
     """
     from rich.console import Console
     from rich.table import Table
 
-    from .plan import measure, plan_table, plot
+    from .plan import bundle_mu, measure, oracle_line, plan_table, plot
 
+    mu_note = None
     if bundle is not None or demo:
         if alpha is not None or c is not None:
             raise click.UsageError("give either --alpha/--c or --bundle, not both")
         from . import load
         from .bench import builtin_prompts
 
-        m = measure(load(bundle), builtin_prompts("code"), temperature=temperature)
+        gen = load(bundle)
+        m = measure(gen, builtin_prompts("code"), temperature=temperature)
         alpha, c = m.alpha, m.c
         click.echo(f"measured on {m.prompts} prompts at temperature {temperature:g}: "
                    f"α = {m.alpha:.3f} (accepted/drafted {m.acceptance_rate:.3f}), c = {m.c:.3f}")
+        if mu is None:
+            mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
     elif alpha is None or c is None:
         raise click.UsageError("give --alpha and --c, or --bundle to measure them")
-    rows = plan_table(alpha, c, max_gamma)
+    if mu is None:
+        mu_note = f"μ = c = {c:.3f}: a time ratio standing in for the ops ratio (give --mu, or --bundle)"
+    rows = plan_table(alpha, c, max_gamma, mu)
     best = max(rows, key=lambda r: r.speedup)
-    t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}", title_justify="left")
-    for col in ("γ", "E[tokens/pass]", "cost γc+1", "speedup"):
+    t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
+    for col in ("γ", "E[tokens/pass]", "cost γc+1", "speedup", "ops factor"):
         t.add_column(col, justify="right")
     for r in rows:
         style = "bold green" if r is best else None
-        t.add_row(str(r.gamma), f"{r.expected_tokens:.3f}", f"{r.relative_cost:.3f}", f"{r.speedup:.3f}x", style=style)
+        t.add_row(str(r.gamma), f"{r.expected_tokens:.3f}", f"{r.relative_cost:.3f}", f"{r.speedup:.3f}x",
+                  f"{r.ops_factor:.2f}x", style=style)
     Console().print(t)
     click.echo(f"optimal γ = {best.gamma}: {best.speedup:.2f}x over plain decoding"
-               + ("" if best.speedup > 1 else " — this draft cannot pay for itself"))
+               + ("" if best.speedup > 1 else " — this draft cannot pay for itself")
+               + f", at {best.ops_factor:.2f}x its arithmetic")
+    click.echo(oracle_line(alpha, best))
+    if mu_note:
+        click.echo(mu_note)
     if plot_file:
         click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file)}")
 
@@ -611,17 +685,34 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(as_json: bool) -> None:
+@click.option("--bandwidth", is_flag=True,
+              help="Also measure sustainable memory bandwidth the way STREAM does (about a second): host memory "
+                   "(read-sum and copy, one thread per core), and the GPU's with torch+CUDA.")
+@click.option("--bandwidth-mb", type=int, default=None,
+              help="Array size of the probe in MiB [default: max(512, 4x the last-level cache), at most a quarter "
+                   "of free memory].")
+@_domain_errors
+def doctor(as_json: bool, bandwidth: bool, bandwidth_mb: int | None) -> None:
     """What specrt sees: Python and library versions, ONNX Runtime providers, GPUs, Jetson model /
-    L4T / JetPack / power mode, and the backend `specrt run` would pick."""
+    L4T / JetPack / power mode, and the backend `specrt run` would pick.
+
+    \b
+    Examples:
+      specrt doctor
+      specrt doctor --bandwidth                 # then: specrt bench --bandwidth <its GB/s>
+      specrt doctor --bandwidth --bandwidth-mb 2048 --json
+    """
     import json
     from dataclasses import asdict
 
     from .doctor import diagnose
 
+    if bandwidth_mb is not None and not bandwidth:
+        raise click.UsageError("--bandwidth-mb needs --bandwidth")
     r = diagnose()
+    probes = _bandwidth_probes(None if bandwidth_mb is None else bandwidth_mb * 2**20) if bandwidth else []
     if as_json:
-        click.echo(json.dumps(asdict(r), indent=2))
+        click.echo(json.dumps({**asdict(r), **({"bandwidth": probes} if bandwidth else {})}, indent=2))
         return
     click.echo(f"python        {r.python}")
     for name, version in r.packages.items():
@@ -640,6 +731,26 @@ def doctor(as_json: bool) -> None:
     click.echo(f"backend       {r.backend}")
     for note in r.notes:
         click.echo(f"note          {note}")
+    for p in probes:
+        if "read_gbps" in p:
+            click.echo(f"bandwidth     {p['device']}: read {p['read_gbps']:.1f} GB/s, copy {p['copy_gbps']:.1f} GB/s "
+                       f"({p['array_bytes'] / 2**20:.0f} MiB, best of {p['repeats']})")
+        else:
+            click.echo(f"bandwidth     {p['device']}: skipped, {p['skipped']}")
+
+
+def _bandwidth_probes(array_bytes: int | None) -> list[dict]:
+    """Host and GPU bandwidth, each as a dict; a probe that cannot run says why instead."""
+    from dataclasses import asdict
+
+    from .bandwidth import ProbeUnavailable, cuda_bandwidth, host_bandwidth
+
+    out = [asdict(host_bandwidth(array_bytes))]
+    try:
+        out.append(asdict(cuda_bandwidth(array_bytes)))
+    except ProbeUnavailable as e:
+        out.append({"device": "GPU", "skipped": str(e)})
+    return out
 
 
 if __name__ == "__main__":

@@ -37,10 +37,18 @@ class ModelEntry:
     quantization: dict[str, Any] | None = None
     # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "portable": plain ops.
     graph: str = "portable"
+    # What one pass reads and computes (roofline.graph_cost), recorded where onnx is installed (export,
+    # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.
+    weight_bytes: int | None = None
+    matmul_flops_per_token: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
+        for name in ("weight_bytes", "matmul_flops_per_token"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
 
     def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         return decoder_io(self.dims, self.dtype)
@@ -57,7 +65,8 @@ class ModelEntry:
         return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
                    dims=ModelDims(**d["dims"]), parity=_parity_figures(d.get("parity", {})),
                    parity_tolerance=_parity_tolerance(d.get("parity_tolerance", {})), golden=d.get("golden"),
-                   quantization=d.get("quantization"), graph=d.get("graph", "portable"))
+                   quantization=d.get("quantization"), graph=d.get("graph", "portable"),
+                   weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"))
 
 
 def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -15,17 +15,50 @@ class PlanRow:
     expected_tokens: float  # per target pass
     relative_cost: float  # γc + 1, in target passes
     speedup: float
+    ops_factor: float  # arithmetic operations vs plain decoding (Leviathan et al. Eq. 11)
 
 
-def plan_table(alpha: float, c: float, max_gamma: int = 16) -> list[PlanRow]:
+def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None) -> list[PlanRow]:
+    """One row per γ in [1, max_gamma]. ``mu``: draft / target arithmetic per token for the ops factor
+    [default: c, a time ratio standing in for it]."""
+    mu = c if mu is None else mu
     if not 0 <= alpha <= 1:
         raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
     if c < 0:
         raise ConfigError(f"c must be >= 0, got {c}")
+    if mu < 0:
+        raise ConfigError(f"mu must be >= 0, got {mu}")
     if not 1 <= max_gamma <= 64:
         raise ConfigError(f"max gamma must be in [1, 64], got {max_gamma}")
-    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + 1, theory.speedup(alpha, g, c))
-            for g in range(1, max_gamma + 1)]
+    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + 1, theory.speedup(alpha, g, c),
+                    theory.ops_factor(alpha, g, mu)) for g in range(1, max_gamma + 1)]
+
+
+def oracle_line(alpha: float, row: PlanRow) -> str:
+    """How close a γ's expected tokens per pass come to the unlimited-γ ceiling 1 / (1 - α)."""
+    ceiling = theory.oracle_tokens(alpha)
+    if ceiling == float("inf"):
+        return "oracle ceiling (γ → ∞): unbounded at α = 1; every drafted token is accepted"
+    return (f"oracle ceiling (γ → ∞): {ceiling:.2f} tokens per target pass; γ = {row.gamma} reaches "
+            f"{row.expected_tokens:.2f}, {row.expected_tokens / ceiling:.0%} of it")
+
+
+def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, str]:
+    """μ of a bundle's draft: draft / target matmul FLOPs per token from the graphs (manifest figures, else
+    read with onnx, else estimated), plus attention at ``context`` positions from the manifest dims; and
+    a line saying where it came from."""
+    from . import roofline
+
+    if manifest.draft is None:
+        raise ConfigError("this bundle has no draft model: mu needs one")
+    if context < 0:
+        raise ConfigError(f"context must be >= 0, got {context}")
+    t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, manifest.draft)
+    mu = roofline.mu(d, t, manifest.draft.dims, manifest.target.dims, context)
+    sources = " and ".join(sorted({t.source, d.source}))
+    return mu, (f"μ = {mu:.4f}: draft / target matmul FLOPs per token ({d.matmul_flops_per_token / 1e6:.1f}M / "
+                f"{t.matmul_flops_per_token / 1e6:.1f}M, {sources})"
+                + (f" + attention at context {context}" if context else ""))
 
 
 @dataclass(frozen=True)

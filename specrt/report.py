@@ -70,6 +70,16 @@ def print_bench(result: dict) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # pipes and files get the whole table
     console.print(t)
+    console.print(roofline_table(result))
+    roof = result.get("roofline")
+    if roof:
+        console.print(f"roofline ({roof['device']}: read {roof['read_gbps']:.1f} GB/s): plain decoding reads "
+                      f"{roof['plain_bytes_per_token'] / 1e6:.1f} MB per token, so at most "
+                      f"{roof['plain_roofline_tokens_per_second']:.1f} tokens/s; measured "
+                      f"{roof['plain_tokens_per_second']:.1f} "
+                      f"({roof['plain_tokens_per_second'] / roof['plain_roofline_tokens_per_second']:.0%} of it)")
+    for note in result.get("notes", []):
+        console.print(f"note: {note}")
     if "hf" in result:
         hf = result["hf"]
         lines = [f"Hugging Face generate: {hf['hf_generate']['tokens_per_second']:.1f} tokens/s "
@@ -79,3 +89,31 @@ def print_bench(result: dict) -> None:
                          + (f" (specrt draft is {hf['specrt_draft_over_hf_assisted']:.2f}x)"
                             if "specrt_draft_over_hf_assisted" in hf else ""))
         console.print("\n".join(lines))
+
+
+def roofline_table(result: dict):
+    """Where the limit is, per method: bytes and passes per token, arithmetic against plain decoding, and
+    (when measured) GB/s achieved, share of the roofline, the roofline's tokens/s, and energy per token."""
+    from rich.table import Table
+
+    rows = result["methods"]
+    has_bw = "roofline" in result
+    has_energy = any(r.get("joules_per_token") is not None for r in rows.values())
+    t = Table(title="where the limit is · bytes read per generated token: weights + KV cache at the mean context",
+              title_justify="left")
+    cols = ["method", "MB/token", "target/draft passes per token", "context", "ops factor"]
+    cols += ["GB/s", "% of roofline", "roofline tokens/s", "tokens/s"] if has_bw else []
+    cols += ["J/token", "tokens/J"] if has_energy else []
+    for col in cols:
+        t.add_column(col, justify="right")
+    for method, r in rows.items():
+        cells = [method, f"{r['bytes_per_token'] / 1e6:.2f}",
+                 f"{r['target_passes_per_token']:.2f} / {r['draft_passes_per_token']:.2f}",
+                 f"{r['mean_context']:.0f}", _fmt(r.get("ops_factor"), ".2f") + ("x" if r.get("ops_factor") else "")]
+        if has_bw:
+            cells += [f"{r['achieved_gbps']:.1f}", f"{r['roofline_fraction']:.0%}",
+                      f"{r['roofline_tokens_per_second']:.1f}", f"{r['tokens_per_second']:.1f}"]
+        if has_energy:
+            cells += [_fmt(r.get("joules_per_token"), ".4f"), _fmt(r.get("tokens_per_joule"), ".1f")]
+        t.add_row(*cells)
+    return t

@@ -45,3 +45,22 @@ def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
     return float(np.minimum(p, q).sum(axis=-1))
+
+
+def ops_factor(alpha: float, gamma: int, mu: float) -> float:
+    """How many times the arithmetic operations of plain decoding speculation spends (Leviathan et al.
+    2023, Eq. 11): (1 - alpha)(gamma mu + gamma + 1) / (1 - alpha^(gamma+1)).
+
+    mu: draft / target arithmetic operations per token. Each pass verifies gamma + 1 tokens on the target
+    and drafts gamma on the draft, and yields expected_tokens of them. At alpha = 1 the limit is
+    (gamma mu + gamma + 1) / (gamma + 1)."""
+    if mu < 0:
+        raise ValueError(f"mu must be >= 0, got {mu}")
+    return (gamma * mu + gamma + 1.0) / expected_tokens(alpha, gamma)
+
+
+def oracle_tokens(alpha: float) -> float:
+    """E[tokens per target pass] with unlimited gamma: 1 / (1 - alpha), the ceiling expected_tokens
+    approaches as gamma grows (inf at alpha = 1)."""
+    _check_alpha(alpha)
+    return float("inf") if alpha == 1.0 else 1.0 / (1.0 - alpha)

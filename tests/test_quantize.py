@@ -125,3 +125,18 @@ def test_quantize_without_onnx_is_a_one_line_error(close_bundle, tmp_path, monke
     res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "q")])
     assert res.exit_code == 1 and "pip install onnx" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "q").exists()
+
+
+def test_export_and_quantize_record_what_each_pass_reads(int4_close, close_bundle):
+    from specrt.roofline import entry_cost, graph_cost
+
+    floats, ints = load_manifest(close_bundle), load_manifest(int4_close)
+    for role in ("target", "draft"):
+        f, q = floats.models[role], ints.models[role]
+        recorded = {"weight_bytes": f.weight_bytes, "matmul_flops_per_token": f.matmul_flops_per_token}
+        assert recorded == graph_cost(close_bundle / f.file).manifest_fields()
+        assert entry_cost(int4_close, q).source == "manifest"
+        # int4 reads about a quarter of fp32's bytes (scales, norms and the float lookup table besides) ...
+        assert q.weight_bytes < 0.5 * f.weight_bytes
+        # ... for the same arithmetic: MatMulNBits' K x N is the float MatMul's
+        assert q.matmul_flops_per_token == f.matmul_flops_per_token

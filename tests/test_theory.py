@@ -57,3 +57,27 @@ def test_speedup_formula_consistency():
         for g in (1, 3, 8):
             assert theory.speedup(alpha, g, 0.0) == pytest.approx(sum(alpha**i for i in range(g + 1)))
             assert math.isfinite(theory.speedup(alpha, g, 1.0))
+
+
+def test_ops_factor_and_oracle_against_the_paper():
+    # Leviathan et al.: with gamma = 1 the walltime improvement is (1 + alpha) / (1 + c) ...
+    for alpha, c in [(0.6, 0.1), (0.9, 0.05)]:
+        assert theory.speedup(alpha, 1, c) == pytest.approx((1 + alpha) / (1 + c))
+    # ... E[tokens] with unlimited gamma is 1 / (1 - alpha): 5 at alpha 0.8, approached as gamma grows.
+    assert theory.oracle_tokens(0.8) == pytest.approx(5.0)
+    assert theory.expected_tokens(0.8, 4) < theory.expected_tokens(0.8, 16) < theory.oracle_tokens(0.8)
+    assert theory.expected_tokens(0.8, 200) == pytest.approx(5.0)
+    assert theory.oracle_tokens(0.0) == 1.0 and theory.oracle_tokens(1.0) == math.inf
+    # Eq. 11 by hand: (1 - a)(g mu + g + 1) / (1 - a^(g+1)).
+    assert theory.ops_factor(0.5, 2, 0.1) == pytest.approx(0.5 * 3.2 / 0.875)  # 1.828571
+    assert theory.ops_factor(0.0, 3, 0.5) == pytest.approx(5.5)  # nothing accepted: every pass buys 1 token
+    assert theory.ops_factor(1.0, 3, 0.1) == pytest.approx(4.3 / 4)  # the alpha = 1 limit
+    assert theory.ops_factor(1 - 1e-9, 3, 0.1) == pytest.approx(4.3 / 4, rel=1e-6)
+    assert theory.ops_factor(0.8, 1, 0.0) == pytest.approx(2 / 1.8)
+
+
+@pytest.mark.parametrize("bad", [lambda: theory.ops_factor(0.5, 2, -0.1), lambda: theory.ops_factor(1.2, 2, 0.1),
+                                 lambda: theory.ops_factor(0.5, -1, 0.1), lambda: theory.oracle_tokens(-0.1)])
+def test_ops_factor_and_oracle_reject_bad_values(bad):
+    with pytest.raises(ValueError):
+        bad()

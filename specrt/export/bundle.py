@@ -15,6 +15,7 @@ from ..errors import ChatTemplateError, ConfigError
 from ..logit_parity import PARITY_TOLERANCE
 from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
 from ..progress import Reporter, SilentReporter
+from ..roofline import graph_cost
 from .architectures import adapter_for
 from .isolation import run_isolated
 from .loading import load_causal_lm, load_config, load_generation_config, load_tokenizer, resolve_source
@@ -233,7 +234,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
                                        parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
-                                       golden=golden, graph=graph)
+                                       golden=golden, graph=graph,
+                                       **graph_cost(tmp / f"{role}.onnx").manifest_fields())
 
         with reporter.step(f"Writing bundle {out}"):
             tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))

@@ -21,6 +21,7 @@ from .. import contract as C
 from ..errors import ConfigError, SpecrtError
 from ..logit_parity import log_softmax, row_kl
 from ..manifest import Manifest, load_manifest
+from ..roofline import graph_cost
 from .staging import staged
 
 BITS = (4, 8)
@@ -186,6 +187,8 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                                   f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try int8 or a smaller "
                                   "block size")
             models[role] = replace(entry, quantization=record)
+        for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
+            models[role] = replace(entry, **graph_cost(tmp / entry.file).manifest_fields())
         quantized = replace(manifest, models=models, engines={})
         quantized.write(tmp)
     return quantized

@@ -205,7 +205,7 @@ class SpeculativeGenerator:
         for m in self._models.values():
             m.reset()
         state = DecodeState(tokens=list(tokens), target=self._models["target"], drafter=drafter, sampling=sampling,
-                            rng=np.random.default_rng(seed), stats=StatsRecorder(method, gamma))
+                            rng=np.random.default_rng(seed), stats=StatsRecorder(method, gamma, prompt_tokens=len(tokens)))
         tracker = _TextTracker(self.tokenizer, stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
         finish = "length"

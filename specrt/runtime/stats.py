@@ -24,6 +24,7 @@ class StepRecord:
 class StatsRecorder:
     method: str
     gamma_requested: int | str
+    prompt_tokens: int = 0  # the context every pass reads before the first new token (bytes per token)
     new_tokens: int = 0
     steps: int = 0  # target passes after prefill
     drafted: int = 0
@@ -65,7 +66,7 @@ class StatsRecorder:
         gamma = round(mean_gamma)
         predicted = theory.speedup(min(alpha, 1.0), gamma, c) if alpha is not None and gamma else None
         return GenerationStats(
-            method=self.method, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,
+            method=self.method, prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,
             drafted=self.drafted, accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else None,
             alpha_estimate=alpha, mean_accepted=self.accepted / self.steps if self.steps else 0.0,
@@ -87,6 +88,7 @@ class GenerationStats:
     verified positions (Leviathan et al.'s estimator); ``acceptance_rate`` is accepted / drafted."""
 
     method: str
+    prompt_tokens: int
     new_tokens: int
     target_passes: int  # including the prefill pass
     draft_passes: int
