@@ -289,38 +289,50 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 @click.option("--threads", type=int, default=None)
-@click.option("--compare", type=click.Choice(["hf"]), default=None,
-              help="Also time Hugging Face generate and assisted generation on the same weights (needs torch).")
+@click.option("--compare", "compare", multiple=True, metavar="PEERS",
+              help="Also time peers on the same checkpoints, prompts and sampling settings, interleaved with "
+                   "specrt's methods: hf (Hugging Face generate and assisted generation; needs torch), ortgenai "
+                   "(ONNX Runtime GenAI plain decoding; needs the [peers] extra). Comma-separated or repeated.")
 @click.option("--hf-target", type=click.Path(file_okay=False), default=None,
-              help="HF checkpoint of the target for --compare hf [default: the manifest's source].")
+              help="HF checkpoint of the target for --compare [default: the manifest's source].")
 @click.option("--hf-draft", type=click.Path(file_okay=False), default=None,
               help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
+@click.option("--peer-precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="Precision ONNX Runtime GenAI's builder makes [default: the bundle's; fp16 bundles get fp32, "
+                   "the builder has no fp16 for CPU].")
+@click.option("--peer-cache", type=click.Path(file_okay=False), default=None,
+              help="Where built ONNX Runtime GenAI models are kept [default: ~/.cache/specrt/peers].")
 @_domain_errors
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
           max_new_tokens: int,
           repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, json_out: str | None,
-          threads: int | None,
-          compare: str | None, hf_target: str | None, hf_draft: str | None) -> None:
+          threads: int | None, compare: tuple[str, ...], hf_target: str | None, hf_draft: str | None,
+          peer_precision: str | None, peer_cache: str | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
     time split (draft / verify / prefill / host), the host work per generated token (everything
     outside the engines' forward calls) and, for greedy runs, whether every method produced the same
-    tokens as plain decoding. Sampling settings apply to every method alike.
+    tokens as plain decoding. Sampling settings apply to every method alike, and to the peers of
+    --compare, which decode from specrt's prompt ids; each method's tokens/s is reported over each peer's.
+    ONNX Runtime GenAI's model is built once per checkpoint, precision and version, then cached.
 
     \b
     Examples:
       specrt bench --bundle bundle --methods none,draft,ngram --repeats 3 --json bench.json
       specrt bench --bundle bundle --methods none,draft --temperature 0.8 --top-p 0.9
+      specrt bench --bundle bundle-int4 --compare ortgenai,hf
     """
     import json
 
     from . import load
-    from .bench import BenchConfig, builtin_prompts, compare_hf, read_prompts, run_bench
+    from .bench import BenchConfig, builtin_prompts, make_peers, read_prompts, run_bench
+    from .peers import parse_kinds
     from .report import print_bench
 
     from .runtime.tree import TreeShape
 
+    kinds = parse_kinds(compare)
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
                       top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape))
@@ -328,11 +340,11 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     gen = load(bundle, threads=threads)
     from rich.console import Console
 
-    with Console(stderr=True).status("benchmarking…") as status:
-        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"))
-        if compare == "hf":
-            status.update("benchmarking: Hugging Face generate / assisted generation")
-            result["hf"] = compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
+    with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
+        peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
+                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"))
+        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
+                           peers=peers)
     print_bench(result)
     if json_out:
         with open(json_out, "w") as f:
