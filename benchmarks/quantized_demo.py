@@ -19,9 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from real_vocab import OrtGenaiPeer, build_ortgenai  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "demo" / "hf"
 
@@ -78,10 +75,15 @@ def main() -> None:
     import specrt
     from specrt.bench import builtin_prompts
     from specrt.manifest import load_manifest
+    from specrt.peers.ortgenai import BuildSpec, OrtGenaiPeer, build_model
+    from specrt.runtime.sampling import SamplingConfig
 
     prompts = builtin_prompts("code")
     gens = {name: specrt.load(path) for name, path in bundles(args.work).items()}
-    peers = {f"ortgenai-{p}": OrtGenaiPeer(build_ortgenai(HF / "target", args.work, p)) for p in ("int4", "fp32")}
+    # The builder's defaults at int4 (blocks of 32, int8 activations) are what `specrt quantize` uses.
+    peers = {f"ortgenai-{p}": OrtGenaiPeer(build_model(HF / "target", BuildSpec(p), args.work / "peers").path)
+             for p in ("int4", "fp32")}
+    prompt_ids = [gens["fp32"].encode(p) for p in prompts]
     rates: dict[str, list[float]] = {}
     tokens: dict[str, list[list[int]]] = {}
     alphas: dict[str, list[float]] = {}
@@ -101,7 +103,8 @@ def main() -> None:
                 if drafted:
                     alphas.setdefault(key, []).append(acc / drafted)
         for name, peer in peers.items():
-            rates.setdefault(name, []).append(peer.tokens_per_second({}, args.max_new_tokens, seed=r))
+            run = peer.generate(prompt_ids, args.max_new_tokens, SamplingConfig(), seed=r)
+            rates.setdefault(name, []).append(run.tokens_per_second)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()), file=sys.stderr)
     med = {k: statistics.median(v) for k, v in rates.items()}
     base = med["ortgenai-int4"]

@@ -9,7 +9,7 @@
 2. ``specrt bench`` figures of the exported pair (none and draft) for greedy, T 1.0, T 0.8 top-p 0.9 and
    T 0.8 top-k 50, one run: sampled tokens/s over greedy tokens/s, and host time per generated token.
 3. ``--ortgenai``: ONNX Runtime GenAI plain decoding of the same Hugging Face target (its own model
-   builder, fp32, CPU), same prompts and settings, interleaved with specrt's runs.
+   builder, fp32, CPU; ``specrt.peers.ortgenai``), same prompt ids and settings, inside specrt's runs.
 
 Every setting, method and peer runs once per repeat, interleaved; figures are medians over repeats.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,21 +133,22 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
     machine hits all alike; medians over repeats."""
     import specrt
     from specrt.bench import BenchConfig, run_bench
+    from specrt.peers.ortgenai import OrtGenaiPeer
 
     gen = specrt.load(bundle, threads=threads)
-    peer = OrtGenaiPeer(ortgenai_model) if ortgenai_model else None
+    peers = [OrtGenaiPeer(ortgenai_model, threads=threads)] if ortgenai_model else []
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for r in range(repeats):
         for name, kw in SETTINGS.items():
             cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, seed=r, **kw)
-            result = run_bench(gen, prompts(), cfg)
-            if peer:
-                result["ortgenai_tokens_per_second"] = peer.tokens_per_second(kw, max_new_tokens, seed=r)
+            result = run_bench(gen, prompts(), cfg, peers=peers)
+            if peers:
+                result["ortgenai_tokens_per_second"] = result["peers"]["ortgenai"]["tokens_per_second"]
             runs[name].append(result)
             print(f"repeat {r + 1} {name}: " + ", ".join(
                 f"{m} {x['tokens_per_second']:.0f} tok/s (host {x['host_ms_per_token']:.3f} ms/token)"
                 for m, x in result["methods"].items())
-                + (f", ortgenai {result['ortgenai_tokens_per_second']:.0f} tok/s" if peer else ""), file=sys.stderr)
+                + (f", ortgenai {result['ortgenai_tokens_per_second']:.0f} tok/s" if peers else ""), file=sys.stderr)
     out = {}
     for name, results in runs.items():
         methods = {m: {k: statistics.median(x["methods"][m][k] for x in results)
@@ -159,49 +159,18 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
             alphas = [x["methods"][m]["alpha"] for x in results if x["methods"][m]["alpha"] is not None]
             methods[m]["alpha"] = statistics.median(alphas) if alphas else None
         out[name] = {"methods": methods, "config": results[0]["config"]}
-        if peer:
+        if peers:
             out[name]["ortgenai_tokens_per_second"] = statistics.median(x["ortgenai_tokens_per_second"] for x in results)
     return out
 
 
 # ---------------------------------------------------------------- 3. ONNX Runtime GenAI
 def build_ortgenai(target: Path, work: Path, precision: str = "fp32") -> Path:
-    """ONNX Runtime GenAI's own model builder on the same checkpoint (CPU, ``precision`` fp32 or
-    int4); cached in ``work``."""
-    model_dir = work / f"ortgenai-{precision}"
-    if not (model_dir / "genai_config.json").exists():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(target), "-o",
-                        str(model_dir), "-p", precision, "-e", "cpu", "-c", str(work / "ortgenai-cache")],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return model_dir
+    """ONNX Runtime GenAI's own model builder on the same checkpoint (CPU, at ``precision`` with the
+    builder's default options); cached under ``work/peers``."""
+    from specrt.peers.ortgenai import BuildSpec, build_model
 
-
-class OrtGenaiPeer:
-    """Plain decoding with ONNX Runtime GenAI: the same prompts, tokens and sampling settings."""
-
-    def __init__(self, model_dir: Path) -> None:
-        import onnxruntime_genai as og
-
-        self.og = og
-        self.model = og.Model(str(model_dir))
-        self.tokenizer = og.Tokenizer(self.model)
-
-    def tokens_per_second(self, kw: dict, max_new_tokens: int, seed: int) -> float:
-        og, tokens, t0 = self.og, 0, time.perf_counter()
-        for prompt in prompts():
-            ids = self.tokenizer.encode(prompt)
-            search = {"max_length": len(ids) + max_new_tokens, "min_length": len(ids) + max_new_tokens}
-            if kw.get("temperature"):  # top_k = the vocabulary size: no top-k unless asked (its default is 50)
-                search.update(do_sample=True, temperature=kw["temperature"], top_k=kw.get("top_k", 0) or VOCAB,
-                              top_p=kw.get("top_p", 1.0), random_seed=seed)
-            params = og.GeneratorParams(self.model)
-            params.set_search_options(**search)
-            g = og.Generator(self.model, params)
-            g.append_tokens(ids)
-            while not g.is_done():
-                g.generate_next_token()
-                tokens += 1
-        return tokens / (time.perf_counter() - t0)
+    return build_model(target, BuildSpec(precision), work / "peers", on_progress=None).path
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Tokens/s and the figures behind them, per method, measured in ONE run on the same backend.
 
 Speedups are ratios to ``none`` measured in the same run with the methods interleaved per repeat,
-so drift of the machine hits every method alike. Nothing here is a timed assertion.
+so drift of the machine hits every method alike; peers (``specrt.peers``: Hugging Face, ONNX Runtime
+GenAI) run inside the same loop. Nothing here is a timed assertion.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import statistics
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from . import roofline, theory
 from .bandwidth import Bandwidth
 from .energy import per_token as energy_per_token
 from .errors import ConfigError, SpecrtError
+from .peers import COUNTING, Peer, PeerRun
 from .runtime.generator import SpeculativeGenerator
 from .runtime.sampling import SamplingConfig
 from .runtime.tree import TreeShape
@@ -69,15 +71,21 @@ class BenchConfig:
 
 
 def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
-              on_progress: Callable[[str], None] | None = None, bandwidth: Bandwidth | None = None,
-              energy=None) -> dict:
-    """Median over repeats of whole-prompt-set figures per method; greedy runs also check parity with none.
+              on_progress: Callable[[str], None] | None = None, peers: Sequence[Peer] = (),
+              bandwidth: Bandwidth | None = None, energy=None) -> dict:
+    """Median over repeats of whole-prompt-set figures per method and peer; greedy runs also check parity
+    with none. Peers decode from specrt's prompt ids with the same sampling settings and seeds.
 
     Every row has ``bytes_per_token`` (weights + KV cache read per generated token); with ``bandwidth``
     also the bandwidth achieved, its share of the roofline and the roofline's tokens/s; with ``energy``
     (an :class:`specrt.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
     gen.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up: first-call allocations
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    prompt_ids = [gen.encode(p) for p in prompts]
+    for peer in peers:
+        peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
     runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+    peer_runs: dict[str, list[PeerRun]] = {p.name: [] for p in peers}
     outputs: dict[str, list[list[int]]] = {}
     for r in range(cfg.repeats):
         for method in cfg.methods:
@@ -91,6 +99,10 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             outputs.setdefault(method, [s.token_ids for s in stats])
             joules = sum(energy.end().values()) if energy is not None else None
             runs[method].append(_aggregate([s.stats for s in stats], joules))
+        for peer in peers:
+            if on_progress:
+                on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
+            peer_runs[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
     costs = model_costs(gen)
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
                          "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
@@ -131,7 +143,34 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
                               "plain_bytes_per_token": plain["bytes_per_token"],
                               "plain_roofline_tokens_per_second": plain["roofline_tokens_per_second"],
                               "plain_tokens_per_second": plain["tokens_per_second"]}
+    if peers:
+        result["config"]["peers"] = {
+            "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                         "seeds": [cfg.seed + r for r in range(cfg.repeats)]},
+            "prompt_ids": "specrt's: every peer decodes from the ids specrt's tokenizer made",
+            "counting": COUNTING}
+        result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], prompts, prompt_ids, result["methods"],
+                                             outputs["none"] if cfg.temperature == 0 else None) for p in peers}
     return result
+
+
+def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: list[list[int]], ours: dict,
+              none_tokens: list[list[int]] | None) -> dict:
+    """A peer's median tokens/s, each method's ratio to it, whether its own tokenizer gives specrt's prompt
+    ids, and (greedy) the share of prompts where its tokens equal specrt none's."""
+    tps = statistics.median(x.tokens_per_second for x in reps)
+    row = {"description": peer.description, **peer.details, "tokens_per_second": tps,
+           "new_tokens": statistics.median(sum(len(t) for t in x.token_ids) for x in reps),
+           "prompt_ids_equal": _share(peer.encode(p) == ids for p, ids in zip(prompts, prompt_ids)),
+           "over_peer": {m: r["tokens_per_second"] / tps for m, r in ours.items()}}
+    if none_tokens is not None:
+        row["greedy_matches_none"] = _share(a == b for a, b in zip(reps[0].token_ids, none_tokens))
+    return row
+
+
+def _share(flags) -> float:
+    flags = list(flags)
+    return sum(flags) / len(flags)
 
 
 def model_costs(gen: SpeculativeGenerator) -> dict[str, roofline.ModelCost]:
@@ -211,20 +250,33 @@ def _energy(joules: float, tokens: int) -> dict:
     return {"joules": joules, "joules_per_token": j_tok, "tokens_per_joule": tok_j}
 
 
-def compare_hf(gen: SpeculativeGenerator, result: dict, prompts: list[str], cfg: BenchConfig,
-               hf_target: str | None = None, hf_draft: str | None = None, threads: int | None = None) -> dict:
-    """Hugging Face generate / assisted generation on the bundle's source checkpoints, and specrt's ratios."""
-    try:
-        from .export.hf_bench import hf_generate_bench
-    except ImportError as e:
-        raise SpecrtError(f"--compare hf needs torch and transformers ({e.name} is missing): "
-                          "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
+def make_peers(gen: SpeculativeGenerator, kinds: Sequence[str], hf_target: str | None = None,
+               hf_draft: str | None = None, threads: int | None = None, peer_precision: str | None = None,
+               peer_cache: str | Path | None = None, on_progress: Callable[[str], None] | None = None) -> list[Peer]:
+    """The peers ``kinds`` ("hf", "ortgenai") on the bundle's source checkpoints (or ``hf_target`` /
+    ``hf_draft``); ONNX Runtime GenAI's model is built at the bundle's precision, or ``peer_precision``."""
+    import importlib.util
+
+    if peer_precision and "ortgenai" not in kinds:
+        raise ConfigError("--peer-precision applies to --compare ortgenai")
     m = gen.manifest
     target = Path(hf_target or m.target.source)
-    draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
-    hf = hf_generate_bench(target, draft, prompts, cfg.max_new_tokens, cfg.repeats, threads=threads)
-    ours = result["methods"]
-    hf["specrt_none_over_hf_generate"] = ours["none"]["tokens_per_second"] / hf["hf_generate"]["tokens_per_second"]
-    if "hf_assisted" in hf and "draft" in ours:
-        hf["specrt_draft_over_hf_assisted"] = ours["draft"]["tokens_per_second"] / hf["hf_assisted"]["tokens_per_second"]
-    return hf
+    peers: list[Peer] = []
+    for kind in kinds:
+        if kind == "hf":
+            missing = [x for x in ("torch", "transformers") if importlib.util.find_spec(x) is None]
+            if missing:
+                raise SpecrtError(f"--compare hf needs torch and transformers ({missing[0]} is missing): "
+                                  "pip install torch==2.13.0 && pip install 'specrt[export]'")
+            from .peers.hf import hf_peers
+
+            draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
+            peers += hf_peers(target, draft, threads=threads)
+        elif kind == "ortgenai":
+            from .peers.ortgenai import default_cache_dir, ortgenai_peer
+
+            peers.append(ortgenai_peer(target, m.target, Path(peer_cache) if peer_cache else default_cache_dir(),
+                                       peer_precision, threads, on_progress))
+        else:
+            raise ConfigError(f"unknown peer {kind!r}")
+    return peers

@@ -289,12 +289,19 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 @click.option("--threads", type=int, default=None)
-@click.option("--compare", type=click.Choice(["hf"]), default=None,
-              help="Also time Hugging Face generate and assisted generation on the same weights (needs torch).")
+@click.option("--compare", "compare", multiple=True, metavar="PEERS",
+              help="Also time peers on the same checkpoints, prompts and sampling settings, interleaved with "
+                   "specrt's methods: hf (Hugging Face generate and assisted generation; needs torch), ortgenai "
+                   "(ONNX Runtime GenAI plain decoding; needs the [peers] extra). Comma-separated or repeated.")
 @click.option("--hf-target", type=click.Path(file_okay=False), default=None,
-              help="HF checkpoint of the target for --compare hf [default: the manifest's source].")
+              help="HF checkpoint of the target for --compare [default: the manifest's source].")
 @click.option("--hf-draft", type=click.Path(file_okay=False), default=None,
               help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
+@click.option("--peer-precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="Precision ONNX Runtime GenAI's builder makes [default: the bundle's; fp16 bundles get fp32, "
+                   "the builder has no fp16 for CPU].")
+@click.option("--peer-cache", type=click.Path(file_okay=False), default=None,
+              help="Where built ONNX Runtime GenAI models are kept [default: ~/.cache/specrt/peers].")
 @click.option("--roofline", is_flag=True,
               help="Probe the memory bandwidth first (about a second: the GPU's with torch+CUDA for GPU backends, "
                    "else host memory) and report per method the GB/s achieved, its share of that roofline, and "
@@ -309,15 +316,17 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
           max_new_tokens: int,
           repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, json_out: str | None,
-          threads: int | None,
-          compare: str | None, hf_target: str | None, hf_draft: str | None, roofline: bool,
-          bandwidth_gbps: float | None, energy: bool) -> None:
+          threads: int | None, compare: tuple[str, ...], hf_target: str | None, hf_draft: str | None,
+          peer_precision: str | None, peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None,
+          energy: bool) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
     time split (draft / verify / prefill / host), the host work per generated token (everything
     outside the engines' forward calls) and, for greedy runs, whether every method produced the same
-    tokens as plain decoding. Sampling settings apply to every method alike.
+    tokens as plain decoding. Sampling settings apply to every method alike, and to the peers of
+    --compare, which decode from specrt's prompt ids; each method's tokens/s is reported over each peer's.
+    ONNX Runtime GenAI's model is built once per checkpoint, precision and version, then cached.
 
     Every method also gets its bytes read per generated token (weights of each graph at its precision,
     plus the KV cache at the measured mean context, times the measured target and draft passes per
@@ -331,15 +340,18 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
       specrt bench --bundle bundle --methods none,draft --temperature 0.8 --top-p 0.9
       specrt bench --bundle bundle --methods none,draft --roofline --energy
       specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
+      specrt bench --bundle bundle-int4 --compare ortgenai,hf
     """
     import json
 
     from . import load
-    from .bench import BenchConfig, builtin_prompts, compare_hf, read_prompts, run_bench
+    from .bench import BenchConfig, builtin_prompts, make_peers, read_prompts, run_bench
+    from .peers import parse_kinds
     from .report import print_bench
 
     from .runtime.tree import TreeShape
 
+    kinds = parse_kinds(compare)
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
                       top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape))
@@ -351,14 +363,13 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     from rich.console import Console
 
     notes: list[str] = []
-    with Console(stderr=True).status("benchmarking…") as status:
+    with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
+        peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
+                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"))
         bw = given or (_probe_for(gen.decoders["target"].provider, notes, status) if roofline else None)
         meter = _energy_meter(notes) if energy else None
         result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
-                           bandwidth=bw, energy=meter)
-        if compare == "hf":
-            status.update("benchmarking: Hugging Face generate / assisted generation")
-            result["hf"] = compare_hf(gen, result, prompts, cfg, hf_target, hf_draft, threads)
+                           peers=peers, bandwidth=bw, energy=meter)
     result["notes"] = notes
     print_bench(result)
     if json_out:

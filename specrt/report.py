@@ -52,9 +52,7 @@ def print_bench(result: dict) -> None:
     from rich.table import Table
 
     cfg = result["config"]
-    sampling = ("greedy" if not cfg["temperature"] else f"T {cfg['temperature']}"
-                + (f" top-k {cfg['top_k']}" if cfg.get("top_k") else "")
-                + (f" top-p {cfg['top_p']}" if cfg.get("top_p", 1.0) < 1 else ""))
+    sampling = _sampling(cfg)
     t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · {sampling} · "
                     f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
     for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "verify cost", "predicted",
@@ -80,15 +78,8 @@ def print_bench(result: dict) -> None:
                       f"({roof['plain_tokens_per_second'] / roof['plain_roofline_tokens_per_second']:.0%} of it)")
     for note in result.get("notes", []):
         console.print(f"note: {note}")
-    if "hf" in result:
-        hf = result["hf"]
-        lines = [f"Hugging Face generate: {hf['hf_generate']['tokens_per_second']:.1f} tokens/s "
-                 f"(specrt none is {hf['specrt_none_over_hf_generate']:.2f}x)"]
-        if "hf_assisted" in hf:
-            lines.append(f"Hugging Face assisted generation: {hf['hf_assisted']['tokens_per_second']:.1f} tokens/s"
-                         + (f" (specrt draft is {hf['specrt_draft_over_hf_assisted']:.2f}x)"
-                            if "specrt_draft_over_hf_assisted" in hf else ""))
-        console.print("\n".join(lines))
+    if "peers" in result:
+        print_peers(result, console)
 
 
 def roofline_table(result: dict):
@@ -117,3 +108,39 @@ def roofline_table(result: dict):
             cells += [_fmt(r.get("joules_per_token"), ".4f"), _fmt(r.get("tokens_per_joule"), ".1f")]
         t.add_row(*cells)
     return t
+
+
+def _sampling(s: dict) -> str:
+    return ("greedy" if not s["temperature"] else f"T {s['temperature']}"
+            + (f" top-k {s['top_k']}" if s.get("top_k") else "")
+            + (f" top-p {s['top_p']}" if s.get("top_p", 1.0) < 1 else ""))
+
+
+def print_peers(result: dict, console) -> None:
+    """Each peer's tokens/s, every method's tokens/s over it, and whether the peer saw and made the same
+    tokens; then the settings the peers ran."""
+    from rich.table import Table
+
+    pc = result["config"]["peers"]
+    methods = list(result["methods"])
+    t = Table(title="peers · same checkpoints, prompt ids, sampling", title_justify="left")
+    for col in ("peer", "tokens/s", *(f"{m}/peer" for m in methods), "prompt ids = specrt's", "greedy = none"):
+        t.add_column(col, justify="right")
+    for name, row in result["peers"].items():
+        same = row.get("greedy_matches_none")
+        t.add_row(name, f"{row['tokens_per_second']:.1f}", *(f"{row['over_peer'][m]:.2f}x" for m in methods),
+                  f"{row['prompt_ids_equal']:.0%}", "-" if same is None else f"{same:.0%}")
+    console.print(t)
+    lines = [f"{name}: {row['description']}" + (f" · {row['note']}" if row.get("note") else "")
+             + ((f" · from the cache (built in {row['build_seconds']:.0f} s)" if row["cached"]
+                 else f" · built in {row['build_seconds']:.0f} s, cached in {row['model_dir']}")
+                if "build_seconds" in row else "")
+             for name, row in result["peers"].items()]
+    seeds = pc["sampling"]["seeds"]
+    lines.append(f"peers ran {_sampling(pc['sampling'])}"
+                 + (f", seed {seeds[0]}" + (f"..{seeds[-1]} (one per repeat)" if len(seeds) > 1 else "")
+                    if pc["sampling"]["temperature"] else "")
+                 + f", from specrt's prompt ids; {pc['counting']}")
+    if any(row["prompt_ids_equal"] < 1 for row in result["peers"].values()):
+        lines.append("a peer's own tokenizer gives other prompt ids than specrt's for some prompts (column above)")
+    console.print("\n".join(lines))

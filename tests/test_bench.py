@@ -52,12 +52,12 @@ def test_bench_compare_hf(close_bundle, tmp_path):
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none,draft",
                                     "--max-new-tokens", "8", "--repeats", "1", "--prompt-set", "prose",
-                                    "--compare", "hf", "--json", str(out)])
+                                    "--temperature", "0.9", "--top-p", "0.95", "--compare", "hf", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    hf = json.loads(out.read_text())["hf"]
-    assert hf["hf_generate"]["tokens_per_second"] > 0 and hf["hf_assisted"]["tokens_per_second"] > 0
-    assert hf["specrt_draft_over_hf_assisted"] > 0
-    assert "Hugging Face assisted generation" in res.output
+    peers = json.loads(out.read_text())["peers"]
+    assert peers["hf_generate"]["tokens_per_second"] > 0 and peers["hf_assisted"]["tokens_per_second"] > 0
+    assert peers["hf_assisted"]["over_peer"]["draft"] > 0 and "greedy_matches_none" not in peers["hf_assisted"]
+    assert "Hugging Face assisted generation" in res.output and "peers ran T 0.9 top-p 0.95, seed 0" in res.output
     res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none",
                                     "--max-new-tokens", "4", "--repeats", "1", "--compare", "hf",
                                     "--hf-target", str(tmp_path)])
