@@ -13,6 +13,7 @@ machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
    logits left on the GPU: sampled tokens == the copy-everything path, seed for seed; device-to-host
    bytes per target pass both ways;
 4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
+4b. GPU memory bandwidth (specrt.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
 5. TensorRT, when importable: engines built and greedy parity.
 
 Exit status 1 if any check FAILED (a SKIP is not a failure).
@@ -218,6 +219,14 @@ def verify_latency(bundle: Path) -> dict:
     return out
 
 
+def gpu_bandwidth() -> dict:
+    from dataclasses import asdict
+
+    from specrt.bandwidth import cuda_bandwidth
+
+    return asdict(cuda_bandwidth(array_bytes=2 * 2**30))
+
+
 def tensorrt_check(bundle: Path, ref) -> tuple[str, dict]:
     from specrt.runtime.backends.tensorrt import _trt_available
 
@@ -269,8 +278,11 @@ def main() -> int:
                            lambda: greedy_parity(torch_generator(bundle, use_graphs=True), ref))
             report.run("torch CUDA logits on the GPU: sampled == copied", lambda: sampled_parity(bundle))
             report.run("torch verify latency, CUDA graph vs eager", lambda: verify_latency(bundle))
+            if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.bandwidth)
+                report.run("GPU memory bandwidth probe (torch CUDA)", gpu_bandwidth)
         else:
-            for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency"):
+            for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency",
+                         "GPU memory bandwidth probe"):
                 report.record(name, "SKIP", reason="torch sees no CUDA device")
         report.run("TensorRT engines: greedy == ONNX Runtime CPU", lambda: tensorrt_check(bundle, ref))
     args.json.parent.mkdir(parents=True, exist_ok=True)
