@@ -92,6 +92,11 @@ def helpers(tmp_path, monkeypatch):
         def raise_unpicklable(reporter):
             raise Unpicklable(lambda: 0)
 
+        def sleepy(pid_file, reporter):
+            open(pid_file, "w").write(str(os.getpid()))
+            import time
+            time.sleep(60)
+
         def chatty(n, reporter):
             print("library chatter on stdout")
             return {"n": n, "sq": n * n}
@@ -116,3 +121,35 @@ def test_unpicklable_error_and_stdout_chatter(helpers):
     # prints in the child do not corrupt the answer
     assert run_isolated(helpers.chatty, (7,), Recorder()) == {"n": 7, "sq": 49}
     assert json.dumps(run_isolated(helpers.chatty, (2,), Recorder())) == '{"n": 2, "sq": 4}'
+
+
+def test_child_dies_with_its_parent(helpers, tmp_path):
+    """A parent killed outright (SIGKILL: no cleanup runs) takes its export child with it, rather than
+    leaving an orphan that holds the model's memory."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import iso_helpers
+from specrt.export.isolation import run_isolated
+from specrt.progress import SilentReporter
+run_isolated(iso_helpers.sleepy, ({str(pid_file)!r},), SilentReporter())
+"""])
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the export child outlived its killed parent")
