@@ -58,6 +58,8 @@ def main() -> None:
                    "auto: fused where the architecture has it (llama, mistral, qwen2) with the dynamo exporter.")
 @click.option("--medusa", type=click.Path(file_okay=False), default=None,
               help="Medusa heads for the target (from `specrt medusa train`): adds medusa.onnx and a static tree.")
+@click.option("--medusa-dtype", type=click.Choice(["fp32", "fp16"]), default=None,
+              help="Precision of the Medusa heads [default: --dtype]; fp16 heads halve their bytes on an fp32 target.")
 @click.option("--medusa-nodes", type=int, default=24, show_default=True,
               help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
 @click.option("--quantize", type=click.Choice(["int4", "int8"]), default=None,
@@ -69,8 +71,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 @_domain_errors
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
-           exporter: str, graph: str, medusa: str | None, medusa_nodes: int, quantize: str | None,
-           block_size: str, draft_quantize: str, force: bool) -> None:
+           exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
+           quantize: str | None, block_size: str, draft_quantize: str, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures:
@@ -95,9 +97,10 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     from .progress import RichReporter
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
-    options = ExportOptions(dtype={"fp32": "float32", "fp16": "float16"}[dtype], opset=opset,
-                            max_context=max_context, exporter=exporter, force=force, medusa=medusa,
-                            medusa_nodes=medusa_nodes, graph=graph)
+    dtypes = {"fp32": "float32", "fp16": "float16"}
+    options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
+                            medusa=medusa, medusa_nodes=medusa_nodes, graph=graph,
+                            medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     if quantize:
         import shutil
         import tempfile

@@ -101,3 +101,22 @@ def test_medusa_train_cli_errors(pairs, tmp_path):
     res = CliRunner().invoke(main, ["medusa", "train", str(target), "--data", str(tmp_path), "-o",
                                     str(tmp_path / "h"), "--heads", "0"])
     assert res.exit_code == 1 and "num_heads must be >= 1" in res.output
+
+
+def test_fp16_heads_on_an_fp32_bundle(medusa_bundle, pairs, tmp_path):
+    """--medusa-dtype fp16: the heads at half the bytes on fp32 models; their proposals differ at most by
+    rounding and the target still verifies them, so greedy decoding is unchanged."""
+    import onnx
+
+    target, draft = pairs["llama"]
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", str(draft), "-o", str(tmp_path / "b"),
+                                    "--exporter", "torchscript", "--medusa", str(medusa_bundle.parent / "heads"),
+                                    "--medusa-nodes", "12", "--medusa-dtype", "fp16"])
+    assert res.exit_code == 0, res.output
+    heads = onnx.load(str(tmp_path / "b" / "medusa.onnx"))
+    assert heads.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert load_manifest(tmp_path / "b").target.dtype == "float32"
+    gen = specrt.load(tmp_path / "b", threads=1)
+    for prompt in ("def fib(n):", "class Point:"):
+        assert (gen.generate(prompt, max_new_tokens=30, method="medusa").token_ids
+                == gen.generate(prompt, max_new_tokens=30, method="none").token_ids)

@@ -40,6 +40,9 @@ class ExportOptions:
     force: bool = False
     medusa: str | None = None  # folder of `specrt medusa train` heads for the target
     medusa_nodes: int = 24  # node budget of the static Medusa tree
+    # The heads' own dtype (None: the models'). fp16 heads on an fp32 target are fine: the runtime casts
+    # the hidden state to the heads' dtype, and they only rank candidates the target then verifies.
+    medusa_dtype: str | None = None
     # "auto": fused where the architecture has a fused graph (see fused_ops), else portable.
     graph: str = "auto"
     # Run each model's PyTorch side (load, reference logits, graph) in a child process whose memory goes
@@ -56,6 +59,8 @@ class ExportOptions:
             raise ConfigError(f"max context must be at least 16, got {self.max_context}")
         if self.exporter not in EXPORTERS:
             raise ConfigError(f"exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
+        if self.medusa_dtype is not None and self.medusa_dtype not in DTYPES:
+            raise ConfigError(f"medusa dtype must be one of {', '.join(DTYPES)}, got {self.medusa_dtype!r}")
         if self.graph not in GRAPHS:
             raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
         if self.graph == "fused" and self.exporter != "dynamo":
@@ -270,7 +275,8 @@ def _export_medusa(folder: Path, tmp: Path, dims, options: ExportOptions) -> Med
         raise ConfigError(f"Medusa heads in {folder} were trained for hidden {record['hidden_size']} / vocab "
                           f"{record['vocab_size']}, the target has {dims.hidden_size} / {dims.vocab_size}")
     topk = len(record["accuracies"][0])
-    diff = export_heads(heads, tmp / "medusa.onnx", getattr(torch, options.dtype), topk, options.opset)
+    diff = export_heads(heads, tmp / "medusa.onnx", getattr(torch, options.medusa_dtype or options.dtype), topk,
+                        options.opset)
     paths, expected = choose_tree(record["accuracies"], options.medusa_nodes)
     return MedusaEntry(file="medusa.onnx", source=str(folder), num_heads=record["num_heads"], topk=topk,
                        tree=[list(p) for p in paths], expected_accepted=expected, accuracies=record["accuracies"],
