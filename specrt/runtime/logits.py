@@ -215,7 +215,8 @@ class _Groups:
         if self._too_many(cols) or len(cols) > _BRACKET_MAX_GROUPS:
             return None
         ids, below = self._scan(cols, threshold)
-        inv_t = np.float32(1.0 / temperature)
+        # 1/T capped where float32 would overflow (T < 1e-30): a smaller factor only raises the bound.
+        inv_t = np.float32(min(1.0 / temperature, 1e30))
         x = np.subtract(self.maxima, top)
         x *= inv_t
         np.exp(x, out=x)
