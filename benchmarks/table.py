@@ -28,7 +28,8 @@ def table(data: dict) -> str:
         rows.append(" | ".join([
             f"| {label}", _f(m["tokens_per_second"], ".0f"), f"{m['speedup_vs_none']:.2f}×",
             _f(m["tokens_per_target_pass"], ".2f"), _f(m["alpha"], ".2f"), _f(m["acceptance_rate"], ".2f"),
-            _f(m["c"] if name not in ("none", "medusa") else None, ".3f"),  # heads cost is inside verify _f(m["verify_cost"], ".2f"),
+            _f(m["c"] if name not in ("none", "medusa") else None, ".3f"),  # heads' cost is inside verify
+            _f(m["verify_cost"], ".2f"),
             _x(m.get("predicted_speedup")), _x(m.get("predicted_with_verify_cost")),
             "yes" if m["greedy_matches_none"] else "NO"]) + " |")
     return "\n".join(rows)
