@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from . import roofline, theory
 from .bandwidth import Bandwidth
 from .energy import per_token as energy_per_token
@@ -178,8 +180,7 @@ def model_costs(gen: SpeculativeGenerator) -> dict[str, roofline.ModelCost]:
     m = gen.manifest
     costs = {role: roofline.entry_cost(gen.bundle, entry) for role, entry in m.models.items()}
     if m.medusa is not None:
-        itemsize = 4 if m.target.dtype == "float32" else 2
-        costs["medusa"] = roofline.file_cost(Path(gen.bundle) / m.medusa.file, itemsize)
+        costs["medusa"] = roofline.file_cost(Path(gen.bundle) / m.medusa.file, np.dtype(m.target.dtype).itemsize)
     return costs
 
 

@@ -205,10 +205,10 @@ def find_sources(root: Path = Path("/"), nvml: bool = True, interval_s: float = 
     rails = ina3221_rails(root)
     if rails:
         chosen = _choose_rails(rails)
+        power = SampledPowerSource(chosen, "INA3221 (" + " + ".join(r.label for r in chosen) + ")", interval_s)
         try:
-            sum(r.watts() for r in chosen)
-            sources.append(SampledPowerSource(chosen, "INA3221 (" + " + ".join(r.label for r in chosen) + ")",
-                                              interval_s))
+            power.power()  # a first read: permissions and file contents
+            sources.append(power)
         except PermissionError:
             notes.append("Jetson INA3221 power monitors: permission denied (run as root)")
         except (OSError, ValueError) as e:

@@ -13,6 +13,12 @@ from typing import Any
 from .contract import DTYPES, FORMAT_VERSION, ModelDims, TensorSpec, decoder_io
 from .errors import BundleError
 
+
+def id_set(value) -> set[int]:
+    """A Hugging Face eos_token_id field (config, generation config, tokenizer): an int, a list of ints,
+    or None."""
+    return set(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+
 MANIFEST_NAME = "specrt.json"
 
 

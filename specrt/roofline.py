@@ -22,7 +22,6 @@ from .contract import ModelDims, graph_bytes
 from .errors import ConfigError
 
 SOURCES = ("manifest", "onnx graph", "estimated from file size and dtype")
-_ITEMSIZE = {"float32": 4, "float16": 2}
 # Ops that hand a constant to a MatMul unchanged in size: a tied LM head reads the embedding table
 # through Transpose (see export.quantize.untie_lm_head), fp16 graphs may Cast.
 _PASS_THROUGH = ("Transpose", "Cast", "Identity")
@@ -109,7 +108,7 @@ def entry_cost(bundle: str | Path, entry) -> ModelCost:
     if entry.weight_bytes is not None and entry.matmul_flops_per_token is not None:
         return ModelCost(entry.weight_bytes, entry.matmul_flops_per_token, "manifest")
     bits = (entry.quantization or {}).get("bits")
-    return file_cost(Path(bundle) / entry.file, bits / 8 if bits else _ITEMSIZE[entry.dtype])
+    return file_cost(Path(bundle) / entry.file, bits / 8 if bits else np.dtype(entry.dtype).itemsize)
 
 
 def file_cost(path: Path, bytes_per_weight: float) -> ModelCost:
@@ -122,7 +121,7 @@ def file_cost(path: Path, bytes_per_weight: float) -> ModelCost:
 def kv_bytes_per_position(dims: ModelDims, dtype: str) -> int:
     """KV-cache bytes one position holds, read by every later pass: 2 (K and V) · layers · kv heads ·
     head dim · bytes per element."""
-    return 2 * dims.num_layers * dims.num_kv_heads * dims.head_dim * _ITEMSIZE[dtype]
+    return 2 * dims.num_layers * dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
 
 
 def attention_flops_per_token(dims: ModelDims, context: int) -> int:

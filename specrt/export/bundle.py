@@ -13,7 +13,7 @@ from .. import __version__
 from ..contract import DTYPES
 from ..errors import ChatTemplateError, ConfigError
 from ..logit_parity import PARITY_TOLERANCE
-from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry
+from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry, id_set
 from ..progress import Reporter, SilentReporter
 from ..roofline import graph_cost
 from .architectures import adapter_for
@@ -107,11 +107,6 @@ def _versions() -> dict[str, str]:
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _ids(value) -> set[int]:
-    """An eos_token_id field: an int, a list of ints, or None."""
-    return set(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
-
-
 def chat_template_of(tok) -> str | None:
     """The tokenizer's chat template text: the string, or the "default" of a dict of named templates
     (what apply_chat_template uses without tools); None when there is none."""
@@ -148,9 +143,9 @@ def check_chat_template(tok, special_tokens: dict[str, str]) -> None:
 def _tokenizer_entry(tok, model_config, generation_config, vocab_size: int) -> TokenizerEntry:
     # Every end id stops a generation: instruct models end a turn with a token (Llama 3's <|eot_id|>)
     # that often only the generation config lists.
-    eos_ids = _ids(model_config.eos_token_id) | _ids(tok.eos_token_id)
+    eos_ids = id_set(model_config.eos_token_id) | id_set(tok.eos_token_id)
     if generation_config is not None:
-        eos_ids |= _ids(generation_config.eos_token_id)
+        eos_ids |= id_set(generation_config.eos_token_id)
     bos = tok.bos_token_id
     probe = tok("a").input_ids
     return TokenizerEntry(file="tokenizer.json", bos_token_id=bos, eos_token_ids=tuple(sorted(eos_ids)),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ModelLoadError
+from ..manifest import id_set
 from ..runtime.sampling import SamplingConfig
 from . import PeerRun, missing_checkpoint, until_end
 
@@ -41,8 +42,7 @@ class HfPeer:
         self.name, self.description, self.details = name, description, details or {}
         self.model, self.tokenizer = model, tokenizer
         self.assist = {} if assistant is None else {"assistant_model": assistant}
-        end = model.generation_config.eos_token_id
-        self.end_ids = set(end if isinstance(end, list) else [] if end is None else [end])
+        self.end_ids = id_set(model.generation_config.eos_token_id)
 
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt)["input_ids"])

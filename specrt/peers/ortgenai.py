@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ConfigError, ModelLoadError, SpecrtError
-from ..manifest import ModelEntry
+from ..manifest import ModelEntry, id_set
 from ..runtime.sampling import SamplingConfig
 from . import PeerRun, missing_checkpoint, until_end
 
@@ -183,8 +183,7 @@ class OrtGenaiPeer:
             config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
         self.model = og.Model(config)
         self.tokenizer = og.Tokenizer(self.model)
-        end = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["eos_token_id"]
-        self.end_ids = set(end if isinstance(end, list) else [end])
+        self.end_ids = id_set(json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["eos_token_id"])
         self.name = name
         self.description = description or f"ONNX Runtime GenAI {og.__version__} plain decoding"
         self.details = details or {}
