@@ -10,6 +10,11 @@
    T 0.8 top-k 50, one run: sampled tokens/s over greedy tokens/s, and host time per generated token.
 3. ``--ortgenai``: ONNX Runtime GenAI plain decoding of the same Hugging Face target (its own model
    builder, fp32, CPU; ``specrt.peers.ortgenai``), same prompt ids and settings, inside specrt's runs.
+4. ``--device-logits``: what a GPU backend brings up per target pass when its logits stay in device
+   memory and are read through the logits summary graph, against copying every row (as before). The
+   ONNX Runtime backend's own device-logits path runs here on a host stand-in of device memory
+   (tests/fake_device.py), so the bytes are the code's, not an estimate; no time is measured.
+   ``--device-logits-only`` runs this section alone and merges it into the JSON.
 
 Every setting, method and peer runs once per repeat, interleaved; figures are medians over repeats.
 
@@ -164,6 +169,57 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
     return out
 
 
+# ---------------------------------------------------------------- 4. logits left on a device
+def device_logits_bytes(bundle: Path, max_new_tokens: int) -> dict:
+    """Per setting and method: bytes per target pass through the summary, bytes if every row of logits
+    were copied (Q rows of 4 V bytes a pass), and the share of the rows read that needed a whole row."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from fake_device import HostMemory
+
+    import specrt
+    from specrt.runtime.backends import base
+    from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads
+
+    whole_rows = {"target": 0, "draft": 0}
+
+    def factory(bundle_dir, entry, threads=None, role="target"):
+        decoder = OrtDecoder(bundle_dir, entry, threads=threads, role=role, memory=HostMemory(), device_logits=True)
+        rows = decoder.summary.rows
+
+        def counted(q_len):  # the same rows, each whole-row copy counted for its model
+            device = rows(q_len)
+            fetch = device._fetch_row
+            device._fetch_row = lambda i: whole_rows.__setitem__(role, whole_rows[role] + 1) or fetch(i)
+            return device
+
+        decoder.summary.rows = counted
+        return decoder
+
+    base._BACKENDS["device-logits"] = base.BackendInfo("device-logits", lambda: True, factory, OrtHeads)
+    gen = specrt.load(bundle, backend="device-logits")
+    row = 4 * gen.manifest.target.dims.vocab_size
+    out: dict = {}
+    for name, kw in SETTINGS.items():
+        out[name] = {}
+        for method in ("none", "draft"):
+            summary = whole = passes = drafted = 0
+            whole_rows.update(target=0, draft=0)
+            for i, prompt in enumerate(prompts()):
+                st = gen.generate(prompt, max_new_tokens=max_new_tokens, method=method, seed=i, **kw).stats
+                summary += st.d2h_bytes_per_target_pass * st.target_passes
+                whole += row * (st.prompt_tokens + st.drafted + st.target_passes - 1)
+                passes += st.target_passes
+                drafted += st.drafted
+            out[name][method] = {"d2h_bytes_per_target_pass": summary / passes,
+                                 "whole_rows_bytes_per_target_pass": whole / passes,
+                                 "target_whole_rows_per_pass": whole_rows["target"] / passes,
+                                 "draft_whole_rows_per_drafted_token": whole_rows["draft"] / drafted if drafted else None}
+            print(f"device logits {name} {method}: {summary / passes / 1e3:.1f} KB per target pass (every row "
+                  f"copied: {whole / passes / 1e3:.0f} KB); whole rows: target {whole_rows['target'] / passes:.2f} "
+                  f"per pass, draft {whole_rows['draft']} for {drafted} drafted tokens", file=sys.stderr)
+    return out
+
+
 # ---------------------------------------------------------------- 3. ONNX Runtime GenAI
 def build_ortgenai(target: Path, work: Path, precision: str = "fp32") -> Path:
     """ONNX Runtime GenAI's own model builder on the same checkpoint (CPU, at ``precision`` with the
@@ -184,7 +240,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ortgenai", action="store_true", help="Also time ONNX Runtime GenAI plain decoding.")
+    ap.add_argument("--device-logits", action="store_true", help="Also count the bytes of logits left on a device.")
+    ap.add_argument("--device-logits-only", action="store_true", help="Only that, merged into --json.")
     args = ap.parse_args()
+    if args.device_logits_only:
+        result = json.loads(args.json.read_text()) if args.json.exists() else {}
+        result["device_logits"] = device_logits_bytes(args.work / "bundle", args.max_new_tokens)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}", file=sys.stderr)
+        return
 
     result: dict = {"step_work": {}}
     for v in (4096, 128_256, VOCAB):
@@ -207,6 +271,8 @@ def main() -> None:
         result["specrt_none_over_ortgenai"] = {
             name: b["methods"]["none"]["tokens_per_second"] / b["ortgenai_tokens_per_second"]
             for name, b in result["bench"].items()}
+    if args.device_logits:
+        result["device_logits"] = device_logits_bytes(bundle, args.max_new_tokens)
     result["config"] = {"vocab": VOCAB, "hidden": args.hidden, "layers": args.layers, "entropy": args.entropy,
                         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     args.json.write_text(json.dumps(result, indent=2))

@@ -109,3 +109,27 @@ def graph_bytes(path: Path) -> int:
     """A graph's bytes on disk: the .onnx file plus its external data (``<file>.data``), if any."""
     data = path.with_name(path.name + ".data")
     return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+# The logits summary graph (specrt/data/logits_summary.onnx, built by specrt.export.summary_graph): what a
+# GPU backend sends up after a pass instead of whole rows of logits. One file serves every bundle, old
+# or new, target or draft (V is dynamic), so the decoder graphs and the CPU path are unchanged.
+#
+#     logits           float32  [Q, V]   a decoder's logits, read where they lie in device memory
+#     inv_temperature  float32  [1]      1 / T (1 for greedy, whose summary ignores the normaliser)
+#     top_values       float32  [Q, K]   the K largest logits of each row, any order among ties
+#     top_ids          int32    [Q, K]   their ids
+#     lse              float32  [Q]      log sum exp(logits / T) over the whole row
+SUMMARY_FILE = "logits_summary.onnx"
+SUMMARY_LOGITS = "logits"
+SUMMARY_INV_T = "inv_temperature"
+SUMMARY_VALUES = "top_values"
+SUMMARY_IDS = "top_ids"
+SUMMARY_LSE = "lse"
+SUMMARY_TOP_K = 64
+SUMMARY_BLOCK = 256  # ids per partial sum of the normaliser (see export/summary_graph.py)
+
+
+def summary_graph_path() -> Path:
+    """The shipped logits summary graph."""
+    return Path(__file__).parent / "data" / SUMMARY_FILE

@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-ORT_TYPES = {"tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(float)": np.float32,
+ORT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(float)": np.float32,
              "tensor(float16)": np.float16}
 
 

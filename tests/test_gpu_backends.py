@@ -16,6 +16,7 @@ import pytest
 from fake_device import ORT_TYPES, HostMemory, OrtEngineContext, view
 
 import specrt
+from specrt.contract import SUMMARY_TOP_K, summary_graph_path
 from specrt.errors import ConfigError, ContextLengthError, SpecrtError
 from specrt.manifest import load_manifest
 from specrt.runtime.backends import base
@@ -92,11 +93,12 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
     assert all(b - a == cache.plane_bytes for a, b in zip(starts, starts[1:]))
 
 
-def _fake_trt(integrated: bool = False, **options):
+def _fake_trt(integrated: bool = False, summary: bool = False, **options):
     def factory(bundle_dir, entry, threads=None, role="target"):
         session = _session(bundle_dir / entry.file, 1)
+        summary_context = OrtEngineContext(_session(summary_graph_path(), 1)) if summary else None
         return TrtDecoder(bundle_dir, entry, context_factory=lambda profile: OrtEngineContext(session),
-                          memory=HostMemory(integrated), limits=LIMITS, **options)
+                          memory=HostMemory(integrated), limits=LIMITS, summary_context=summary_context, **options)
 
     return factory
 
@@ -105,9 +107,15 @@ def _ort_on_device_memory(bundle_dir, entry, threads=None, role="target"):
     return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=HostMemory())
 
 
+def _ort_device_logits(bundle_dir, entry, threads=None, role="target"):
+    return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=HostMemory(), device_logits=True)
+
+
 DEVICE_BACKENDS = {"trt-graphs": _fake_trt(), "trt-eager": _fake_trt(graphs=False),
                    "trt-small-buckets": _fake_trt(buckets=(1, 2, 4)), "trt-jetson": _fake_trt(integrated=True),
-                   "ort-device": _ort_on_device_memory}
+                   "trt-summary": _fake_trt(summary=True), "trt-summary-eager": _fake_trt(summary=True, graphs=False),
+                   "trt-summary-jetson": _fake_trt(summary=True, integrated=True),
+                   "ort-device": _ort_on_device_memory, "ort-device-logits": _ort_device_logits}
 
 
 @pytest.fixture
@@ -129,24 +137,47 @@ def test_device_backends_give_the_tokens_of_onnxruntime(close_bundle, fake_backe
             want = reference.generate(prompt, max_new_tokens=24, method=method, **extra).token_ids
             out = gen.generate(prompt, max_new_tokens=24, method=method, **extra)
             assert out.token_ids == want, (prompt, method)
-            # What a pass brings up from the GPU: every logits row and hidden row, unless host-mapped.
+            # What a pass brings up from the GPU: every logits row and hidden row, unless host-mapped;
+            # with the logits summarised on the device, the summary of the rows the step reads.
             copied = gen._models["target"].copied_bytes
             row = 4 * dims.vocab_size + np.dtype(gen.manifest.target.dtype).itemsize * dims.hidden_size
-            assert copied == (0 if backend in ("trt-jetson", "ort-device") else row * (len(gen.encode(prompt)) + out.stats.drafted
-                                                                     + out.stats.target_passes - 1))
+            rows = len(gen.encode(prompt)) + out.stats.drafted + out.stats.target_passes - 1
+            read = 1 + out.stats.drafted + out.stats.target_passes - 1  # prefill's last row, then all
+            summary = read * (8 * SUMMARY_TOP_K + 4)
+            hidden = np.dtype(gen.manifest.target.dtype).itemsize * dims.hidden_size * rows
+            if backend == "ort-device-logits":  # CPU stand-in: ORT's host outputs are not copies
+                assert copied == summary, (prompt, method)
+            elif backend in ("trt-summary", "trt-summary-eager"):  # hidden rows + the summary
+                assert copied == hidden + summary, (prompt, method)
+            else:
+                assert copied == (0 if backend in ("trt-jetson", "trt-summary-jetson", "ort-device") else row * rows)
     if backend.startswith("trt"):
         decoder = gen._models["target"].decoder
         prefill, verify = decoder.contexts
         assert prefill.runs == len(PROMPTS) * 3  # one prefill per generation
         widths = {g.bucket for g in decoder.graphs.values()}
-        if backend == "trt-graphs":  # decode (1), chains of 5 (bucket 8), trees of 11 (bucket 16): all replayed
+        if backend in ("trt-graphs", "trt-summary"):  # decode (1), chains of 5 (bucket 8), trees of 11 (16): replayed
             assert {1, 8, 16} <= widths and verify.runs == 0
         elif backend == "trt-small-buckets":  # trees and chains leave the buckets and run eagerly
             assert 1 in widths and widths <= {1, 2, 4} and verify.runs > 0
-        elif backend == "trt-eager":
+        elif backend in ("trt-eager", "trt-summary-eager"):
             assert not decoder.graphs and verify.runs > 0
-        else:  # integrated GPU: the engine writes logits into host-mapped memory, nothing is copied back
-            assert decoder.memory.host_copies == 0 and decoder.graphs
+        elif backend.endswith("jetson"):  # integrated GPU: outputs in host-mapped memory, nothing copied back
+            assert decoder.memory.host_copies == 0 and decoder.graphs and decoder.summary is None
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.8, top_p=0.9), dict(temperature=0.7, top_k=20),
+                                      dict(temperature=1.0), dict(temperature=1.2, top_k=80)])
+@pytest.mark.parametrize("backend", ["ort-device-logits", "trt-summary"])
+def test_logits_left_on_the_device_sample_as_host_logits(close_bundle, fake_backends, sampling, backend):
+    """Sampling through the summary graph (and the rows it cannot decide, copied up one at a time; a
+    top-k wider than its K reads rows) draws the host backend's tokens for the same seed."""
+    reference = specrt.load(close_bundle, threads=1)
+    gen = specrt.load(close_bundle, backend=backend)
+    for method, extra in (("none", {}), ("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})):
+        for seed in range(2):
+            kwargs = dict(max_new_tokens=20, method=method, seed=seed, **sampling, **extra)
+            assert gen.generate(PROMPTS[1], **kwargs).token_ids == reference.generate(PROMPTS[1], **kwargs).token_ids
 
 
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):

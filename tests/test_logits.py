@@ -243,8 +243,11 @@ class HostDevice:
     """A :class:`~specrt.runtime.backends.base.DeviceLogits` over host memory that counts what a GPU
     would copy up, and returns its top k in a shuffled order (a device's order among ties is its own)."""
 
+    max_k = None
+
     def __init__(self, logits: np.ndarray, rng: np.random.Generator) -> None:
         self.logits, self.rng, self.copied_bytes = logits, rng, 0
+        self.width = logits.shape[-1]
 
     def _up(self, a: np.ndarray) -> np.ndarray:
         self.copied_bytes += a.nbytes
@@ -258,10 +261,13 @@ class HostDevice:
         ids = np.stack([self.rng.permutation(r) for r in ids])
         z = self.logits.astype(np.float64) / temperature
         lse = z.max(-1) + np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1))
-        return self._up(ids), self._up(np.take_along_axis(self.logits, ids, -1)), self._up(lse)
+        return self._up(ids), self._up(np.take_along_axis(self.logits, ids, -1)), self._up(lse), np.zeros_like(lse)
 
     def row(self, i):
         return self._up(self.logits[i].copy())
+
+    def tail(self, n):
+        return HostDevice(self.logits[len(self.logits) - n:], self.rng)
 
 
 @pytest.mark.parametrize("kind", ["peaked", "gaussian", "flat", "ties"])

@@ -166,6 +166,7 @@ def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, por
     from trt_standin import fake_cudart
 
     import specrt
+    from specrt.contract import SUMMARY_TOP_K
     from specrt.engines import tensorrt_build
     from specrt.runtime.backends import tensorrt as trt_backend
 
@@ -184,3 +185,9 @@ def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, por
         assert (gen.generate("def fib(n):", max_new_tokens=20, method=method).token_ids
                 == reference.generate("def fib(n):", max_new_tokens=20, method=method).token_ids), method
     assert [c.profile for c in gen.decoders["target"].contexts] == [0, 1]
+    # The logits summary engine was built and read: a pass's logits stayed where the engine wrote them.
+    assert set(built) == {"target", "draft", "summary"} and gen.decoders["target"].summary is not None
+    out = gen.generate("def fib(n):", max_new_tokens=20, method="draft")
+    st, hidden_row = out.stats, 4 * gen.manifest.target.dims.hidden_size
+    rows, read = st.prompt_tokens + st.drafted + st.target_passes - 1, 1 + st.drafted + st.target_passes - 1
+    assert st.d2h_bytes_per_target_pass * st.target_passes == rows * hidden_row + read * (8 * SUMMARY_TOP_K + 4)

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..contract import ATTENTION_MASK, INPUT_IDS, POSITION_IDS
+from ..contract import (ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SUMMARY_INV_T, SUMMARY_LOGITS, SUMMARY_TOP_K,
+                        summary_graph_path)
 from ..errors import ConfigError, SpecrtError
 from ..manifest import ModelEntry
 
@@ -79,6 +80,14 @@ def heads_profiles(hidden_size: int, opts: BuildOptions) -> list[dict[str, tuple
     """Medusa heads read the hidden rows of one verify pass: Q up to max_verify."""
     b, q = opts.max_batch, opts.max_verify
     return [{"hidden": ((b, 1, hidden_size), (b, min(8, q), hidden_size), (b, q, hidden_size))}]
+
+
+def summary_profiles(vocab_sizes: list[int], opts: BuildOptions) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
+    """The logits summary reads the rows of one pass (up to the larger of max_prompt and max_verify) of
+    any of the bundle's models (target and draft vocabularies may differ)."""
+    q = max(opts.max_prompt, opts.max_verify)
+    lo, hi = min(vocab_sizes), max(vocab_sizes)
+    return [{SUMMARY_LOGITS: ((1, lo), (min(8, q), hi), (q, hi)), SUMMARY_INV_T: ((1,), (1,), (1,))}]
 
 
 def file_sha256(path: Path) -> str:
@@ -184,8 +193,8 @@ def build_engine(onnx_path: Path, engine_path: Path, shapes: list[dict], opts: B
 
 def build_bundle_engines(bundle: Path, opts: BuildOptions,
                          progress: Callable[[str, bool], None] | None = None) -> dict:
-    """Build (or reuse from the cache) an engine per model and for the Medusa heads, and record them in
-    the manifest. ``progress(role, cached)`` is told before each engine."""
+    """Build (or reuse from the cache) an engine per model, for the Medusa heads and for the logits
+    summary, and record them in the manifest. ``progress(role, cached)`` is told before each engine."""
     from dataclasses import replace
 
     from ..manifest import load_manifest
@@ -204,6 +213,10 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
     graphs = {role: (entry.file, profiles(entry, opts)) for role, entry in manifest.models.items()}
     if manifest.medusa is not None:
         graphs["medusa"] = (manifest.medusa.file, heads_profiles(manifest.target.dims.hidden_size, opts))
+    # The shipped summary graph (an absolute path: bundle / it is it): logits stay on the GPU.
+    vocabs = [e.dims.vocab_size for e in manifest.models.values() if e.dims.vocab_size >= SUMMARY_TOP_K]
+    if vocabs:
+        graphs["summary"] = (str(summary_graph_path()), summary_profiles(vocabs, opts))
     out = {}
     for role, (file, shapes) in graphs.items():
         key = engine_key(file_sha256(bundle / file), trt.__version__, sm, opts, shapes)

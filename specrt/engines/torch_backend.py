@@ -28,6 +28,7 @@ class TorchDeviceLogits:
     def __init__(self, logits: torch.Tensor) -> None:
         self.logits = logits  # a view of the decoder's output, valid until its next pass
         self.copied_bytes = 0
+        self.width, self.max_k = int(logits.shape[-1]), None
 
     def _host(self, t: torch.Tensor) -> np.ndarray:
         out = t.cpu().numpy()
@@ -39,14 +40,17 @@ class TorchDeviceLogits:
         return self._host(self.logits.argmax(dim=-1))  # the first maximal index, as numpy's
 
     @torch.inference_mode()
-    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         values, ids = torch.topk(self.logits, min(k, self.logits.shape[-1]), dim=-1)
-        lse = torch.logsumexp(self.logits.double() / temperature, dim=-1)
-        return self._host(ids), self._host(values.float()), self._host(lse)
+        lse = self._host(torch.logsumexp(self.logits.double() / temperature, dim=-1))
+        return self._host(ids), self._host(values.float()), lse, np.zeros_like(lse)  # float64: exact
 
     @torch.inference_mode()
     def row(self, i: int) -> np.ndarray:
         return self._host(self.logits[i].float())
+
+    def tail(self, n: int) -> TorchDeviceLogits:
+        return TorchDeviceLogits(self.logits[len(self.logits) - n:])
 
 
 def _output(logits: torch.Tensor, hidden: torch.Tensor, keep_logits: bool) -> DecoderOutput:

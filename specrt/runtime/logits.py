@@ -18,11 +18,13 @@ and draws the same ids for the same uniforms, without [N, V] float64 rows on the
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Callable
 
 import numpy as np
 
+from .. import contract as C
 from .sampling import SamplingConfig
 
 # Below this residual mass p and q are equal to rounding; p itself is the limit of norm(max(0, p - q)).
@@ -422,12 +424,31 @@ def _sorted_top(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nda
     return ids[order], values[order]
 
 
-def warp_top(ids: np.ndarray, values: np.ndarray, lse: float, cfg: SamplingConfig, vocab: int) -> Dist | None:
+def _top_p_keep_bounded(p: np.ndarray, top_p: float, err: float) -> np.ndarray | None:
+    """:func:`_top_p_keep` when the probabilities are only known up to a common factor in
+    [e^-err, e^err] (a normaliser with an error bound): None when some id's mass before it lies
+    within that factor of top_p, so that the kept set depends on where in the bound the truth is."""
+    if not err:
+        return _top_p_keep(p, top_p)
+    order = np.argsort(-p, kind="stable")
+    sorted_p = p[order]
+    before = np.cumsum(sorted_p) - sorted_p
+    surely_kept = before < top_p * math.exp(-err)
+    if np.count_nonzero(surely_kept) != np.count_nonzero(before < top_p * math.exp(err)):
+        return None
+    keep = np.empty(len(p), bool)
+    keep[order] = surely_kept
+    return keep
+
+
+def warp_top(ids: np.ndarray, values: np.ndarray, lse: float | None, cfg: SamplingConfig, vocab: int,
+             lse_err: float = 0.0) -> Dist | None:
     """The distribution :func:`warp` gives, from a row's largest logits alone (``ids``/``values``, the
-    k largest, with ``lse`` = log-sum-exp of the whole row / T); None when they cannot decide it, i.e.
-    when ids outside them may be kept: no truncation, a tie at the block's edge, or a block lighter
-    than top-p. Ids outside the block have logits <= its smallest; only ids strictly above that
-    smallest value form the block, so everything outside it sorts after everything inside it."""
+    k largest, with ``lse`` = log-sum-exp of the whole row / T, exact within ``lse_err``, or None when
+    unknown); None when they cannot decide it, i.e. when ids outside them may be kept: no truncation,
+    a tie at the block's edge, a block lighter than top-p, or a top-p edge within the normaliser's
+    error. Ids outside the block have logits <= its smallest; only ids strictly above that smallest
+    value form the block, so everything outside it sorts after everything inside it."""
     ids, values = _sorted_top(ids, values)
     if ids.max() >= vocab:
         return None  # a padded embedding's extra ids: the host row cut to the vocabulary decides
@@ -439,17 +460,19 @@ def warp_top(ids: np.ndarray, values: np.ndarray, lse: float, cfg: SamplingConfi
         keep = values >= kth
         order = np.argsort(ids[keep])
         return _kept_softmax(ids[keep][order], values[keep][order], cfg, vocab)
-    if cfg.top_p < 1.0 and not cfg.top_k:
+    if cfg.top_p < 1.0 and not cfg.top_k and lse is not None:
         keep = values > edge
         ids, p = ids[keep], np.exp(values[keep].astype(np.float64) / cfg.temperature - lse)
-        if not p.sum() >= cfg.top_p:
+        if not p.sum() * math.exp(-lse_err) >= cfg.top_p:
             return None  # the block may hold less than top-p of the mass
         order = np.argsort(ids)
-        return _top_p_dist(ids[order], p[order], cfg.top_p, vocab)
+        ids, p = ids[order], p[order]
+        kept = _top_p_keep_bounded(p, cfg.top_p, lse_err)
+        return None if kept is None else Dist(ids[kept], p[kept], vocab)
     return None  # every id keeps some mass: only the whole row decides
 
 
-DEVICE_TOP_K = 64  # logits per row a device sends up first; most truncated rows are decided by them
+DEVICE_TOP_K = C.SUMMARY_TOP_K  # logits per row a device sends up first; most truncated rows are decided by them
 
 
 class LogitRows:
@@ -468,7 +491,7 @@ class LogitRows:
         self._count = len(logits) if logits is not None else count
         self._dists: dict[int, Dist] = {}
         self._argmax: np.ndarray | None = None
-        self._summary: tuple[np.ndarray, ...] | None = None  # device top-k ids, logits, log-sum-exp
+        self._summary: tuple[np.ndarray, ...] | None = None  # device top-k ids, logits, log-sum-exp, its error
 
     def __len__(self) -> int:
         return self._count
@@ -485,8 +508,8 @@ class LogitRows:
     def _top(self, k: int) -> tuple[np.ndarray, ...]:
         self._check()
         if self._summary is None or self._summary[0].shape[1] < k:
-            ids, values, lse = self.device.top(k, self.sampling.temperature or 1.0)
-            self._summary = (ids[self.first:], values[self.first:], lse[self.first:])
+            ids, values, lse, err = self.device.top(k, self.sampling.temperature or 1.0)
+            self._summary = (ids[self.first:], values[self.first:], lse[self.first:], err[self.first:])
         return self._summary
 
     def _warp(self, i: int) -> Dist:
@@ -500,9 +523,12 @@ class LogitRows:
             if self._argmax[i] < self.vocab:
                 return Dist.point(int(self._argmax[i]), self.vocab)
             return warp(self._row(i), cfg, self.vocab)  # the best id is a padded one: cut the row
-        if cfg.top_k or cfg.top_p < 1.0:
-            ids, values, lse = self._top(max(DEVICE_TOP_K, cfg.top_k + 1))
-            found = warp_top(ids[i], values[i], float(lse[i]), cfg, self.vocab)
+        k = max(DEVICE_TOP_K, cfg.top_k + 1)
+        if (cfg.top_k or cfg.top_p < 1.0) and k <= (getattr(self.device, "max_k", None) or k):
+            ids, values, lse, err = self._top(k)
+            # A padded row's normaliser counts ids the host row is cut to leave out: not this row's.
+            known = getattr(self.device, "width", self.vocab) <= self.vocab
+            found = warp_top(ids[i], values[i], float(lse[i]) if known else None, cfg, self.vocab, float(err[i]))
             if found is not None:
                 return found
         return warp(self._row(i), cfg, self.vocab)
@@ -519,7 +545,7 @@ class LogitRows:
         """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config), ties to the
         lower id."""
         if self.device is not None and n < DEVICE_TOP_K:
-            ids, values, _ = self._top(DEVICE_TOP_K)
+            ids, values, *_ = self._top(DEVICE_TOP_K)
             ids, values = _sorted_top(ids[i], values[i])
             if values[n - 1] > values[-1] and ids[:n].max() < self.vocab:  # no tie with an id outside
                 return ids[:n].tolist()

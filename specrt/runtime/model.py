@@ -40,16 +40,16 @@ class CachedModel:
         out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
         self.forward_s += time.perf_counter() - t0
         self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
-        self._device = out.device_logits
+        # Only the rows the caller reads are summarised on the device (a prefill's last, not the prompt's).
+        self._device = out.device_logits.tail(last) if out.device_logits is not None else None
         self.cache.advance(q_len)
         self.passes += 1
         self._serial += 1  # never reset: tells rows of this pass from rows of any later one
         self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
         made_at = self._serial
         valid = lambda: self._serial == made_at  # noqa: E731
-        if out.device_logits is not None:
-            return LogitRows(None, sampling, self.vocab, valid, device=out.device_logits, first=q_len - last,
-                             count=last)
+        if self._device is not None:
+            return LogitRows(None, sampling, self.vocab, valid, device=self._device, count=last)
         return LogitRows(out.logits[q_len - last:], sampling, self.vocab, valid)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,

@@ -19,16 +19,22 @@ class DeviceLogits(Protocol):
     every row, and copies a whole row only when a distribution needs one."""
 
     copied_bytes: int  # device-to-host bytes copied so far
+    width: int  # logits per row (V); may exceed the vocabulary the host cuts rows to
+    max_k: int | None  # the most ids ``top`` can return; None: any
 
     def argmax(self) -> np.ndarray:
         """(Q,) int64; ties to the lower id."""
 
-    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def top(self, k: int, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ids (Q, k) int64, their logits (Q, k) float32, log-sum-exp of logits / temperature (Q,)
-        float64), any order among the k."""
+        float64, a bound on that log-sum-exp's error (Q,) float64: 0 where it was computed in float64),
+        any order among the k."""
 
     def row(self, i: int) -> np.ndarray:
         """Row i, float32 (V,), copied to the host."""
+
+    def tail(self, n: int) -> "DeviceLogits":
+        """The last ``n`` rows alone, as a DeviceLogits: what a summary then covers."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """ONNX Runtime backend: one session per model, created once; the KV cache bound in place via IOBinding.
 
 On the CUDA execution provider the cache lives in device memory (:class:`~specrt.runtime.device.DeviceKVCache`)
-and is bound by device address, so only ids, positions and the mask go up and the logits come down.
-ORT's own CUDA-graph mode is not used: it needs every input shape fixed, and the past grows each step.
+and is bound by device address, so only ids, positions and the mask go up; the logits stay in device
+memory too, and the step reads them through the logits summary graph run on the same provider
+(:class:`~specrt.runtime.summary.SummaryLogits`: top logits and the normaliser, a whole row only when
+they cannot decide). ORT's own CUDA-graph mode is not used: it needs every input shape fixed, and the
+past grows each step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ...errors import BundleError
 from ...manifest import ModelEntry
 from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from ..kvcache import KVCache
+from ..summary import SummaryLogits
 from .base import DecoderOutput, register_backend
 
 
@@ -77,8 +81,9 @@ class OrtHeads:
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target", *,
-                 memory: DeviceMemory | None = None) -> None:
-        """``memory``: where the KV cache lives; default host arrays on CPU, CUDA memory on the CUDA provider."""
+                 memory: DeviceMemory | None = None, device_logits: bool | None = None) -> None:
+        """``memory``: where the KV cache lives; default host arrays on CPU, CUDA memory on the CUDA provider.
+        ``device_logits``: leave the logits in ``memory`` and summarise them there (default: on CUDA)."""
         self.session = _session(Path(bundle_dir) / entry.file, threads, helper=role != "target")
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
@@ -91,6 +96,12 @@ class OrtDecoder:
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
         self._logits = np.empty((1, 0, entry.dims.vocab_size), np.float32)
         self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
+        if device_logits is None:
+            device_logits = self.kv_device == "cuda"
+        # TopK needs at least K ids per row; a vocabulary that small is copied whole anyway.
+        self.summary = (_Summary(self.memory, self.kv_device, entry.dims.vocab_size)
+                        if device_logits and self.memory is not None and entry.dims.vocab_size >= C.SUMMARY_TOP_K
+                        else None)
 
     def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
         if self.memory is None:
@@ -129,9 +140,64 @@ class OrtDecoder:
             b.bind_output(nk, dev, 0, dt, new_shape, kp + offset)
             b.bind_output(nv, dev, 0, dt, new_shape, vp + offset)
         logits, hidden = self._outputs(q_len)
-        self._bind(C.LOGITS, logits, output=True)
+        if self.summary is not None:
+            b.bind_output(C.LOGITS, dev, 0, np.float32, [1, q_len, self.entry.dims.vocab_size],
+                          self.summary.logits_buffer(q_len))
+        else:
+            self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)
         self.session.run_with_iobinding(b)
-        # On the CUDA provider the outputs are bound to host buffers: ORT copies them down.
-        copied = logits.nbytes + hidden.nbytes if self.kv_device == "cuda" else 0
-        return DecoderOutput(logits=logits[0], hidden=hidden[0], copied_bytes=copied)
+        # On the CUDA provider the host-bound outputs are copied down by ORT.
+        on_device = self.kv_device == "cuda"
+        if self.summary is not None:
+            return DecoderOutput(logits=None, hidden=hidden[0], copied_bytes=hidden.nbytes if on_device else 0,
+                                 device_logits=self.summary.rows(q_len))
+        return DecoderOutput(logits=logits[0], hidden=hidden[0],
+                             copied_bytes=logits.nbytes + hidden.nbytes if on_device else 0)
+
+
+class _Summary:
+    """A decoder's logits buffer in device memory and the summary graph's session over it (on the same
+    provider as the decoder's, so ORT reads the logits where they are)."""
+
+    def __init__(self, memory: DeviceMemory, device: str, vocab: int) -> None:
+        self.memory, self.device, self.vocab = memory, device, vocab
+        self.session = _session(C.summary_graph_path(), 1, helper=True)
+        self.binding = self.session.io_binding()
+        self.capacity, self.ptr = 0, 0
+        self._out: dict[str, np.ndarray] = {}
+
+    def logits_buffer(self, q_len: int) -> int:
+        """The device address the decoder writes ``q_len`` rows of logits to; grows by doubling (a
+        longer prompt), and the outputs' host buffers with it."""
+        if q_len > self.capacity:
+            self.capacity = max(q_len, 2 * self.capacity, 8)
+            self.ptr = self.memory.malloc(self.capacity * self.vocab * 4)
+            k = C.SUMMARY_TOP_K
+            self._out = {C.SUMMARY_VALUES: np.empty((self.capacity, k), np.float32),
+                         C.SUMMARY_IDS: np.empty((self.capacity, k), np.int32),
+                         C.SUMMARY_LSE: np.empty(self.capacity, np.float32)}
+        return self.ptr
+
+    def rows(self, q_len: int) -> SummaryLogits:
+        ptr, vocab = self.ptr, self.vocab  # this pass's buffer: a later, longer pass may move it
+
+        def summarize(start: int, rows: int, inv_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            b = self.binding
+            b.clear_binding_inputs()
+            b.clear_binding_outputs()
+            b.bind_input(C.SUMMARY_LOGITS, self.device, 0, np.float32, [rows, vocab], ptr + start * vocab * 4)
+            b.bind_cpu_input(C.SUMMARY_INV_T, np.array([inv_t], np.float32))
+            outs = {name: buf[:rows] for name, buf in self._out.items()}
+            for name, buf in outs.items():
+                b.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+            self.session.run_with_iobinding(b)
+            return outs[C.SUMMARY_VALUES].copy(), outs[C.SUMMARY_IDS].copy(), outs[C.SUMMARY_LSE].copy()
+
+        def fetch_row(i: int) -> np.ndarray:
+            row = np.empty(vocab, np.float32)
+            self.memory.to_host(row, ptr + i * vocab * 4)
+            self.memory.synchronize()
+            return row
+
+        return SummaryLogits(q_len, vocab, summarize, fetch_row)

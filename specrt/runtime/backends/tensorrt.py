@@ -2,7 +2,9 @@
 
 Each forward binds the past as the first ``length`` rows of the device cache and the engine's new-K/V
 outputs straight into the rows after them, so the cache update costs no copy; the inputs (ids, positions,
-mask: a few KB) go up and only the logits and hidden rows of the Q new tokens come back to the host.
+mask: a few KB) go up and only the hidden rows of the Q new tokens come back to the host; the logits stay
+in device memory and are read through the logits summary engine (top logits and the normaliser, a
+whole row only when they cannot decide), or, for an engine built before it existed, copied up whole.
 One execution context per optimization profile (prefill, decode/verify), each set once, so a step never
 switches profiles; verify passes replay CUDA graphs captured per bucket width (see :class:`_Graph`).
 Medusa heads run on their own engine when ``specrt build`` made one, else on ONNX Runtime.
@@ -22,10 +24,12 @@ from ...errors import ConfigError, ContextLengthError, SpecrtError
 from ...manifest import Manifest, ModelEntry, load_manifest
 from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 from ..device import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
+from ..summary import SummaryLogits
 from .base import DecoderOutput, register_backend
 from .onnxruntime import OrtHeads
 
 PREFILL, VERIFY = 0, 1  # profile indices, in the order specrt.engines.tensorrt_build.profiles writes them
+SUMMARY_ROLE = "summary"  # the manifest's engine for the logits summary graph
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,11 @@ class OpenEngine:
         return ctx
 
 
-def open_engine(bundle_dir: Path, manifest: Manifest, role: str) -> OpenEngine:
+def open_engine(bundle_dir: Path, manifest: Manifest, role: str, memory: CudaMemory | None = None) -> OpenEngine:
+    """``memory``: the stream (and allocations) to share with an engine already open, e.g. the summary
+    engine that reads a decoder's logits in order on the decoder's stream."""
     trt = _import_tensorrt()
-    memory = CudaMemory()
+    memory = memory or CudaMemory()
     from cuda.bindings import runtime as cudart
 
     _, props = cudart.cudaGetDeviceProperties(0)
@@ -268,13 +274,15 @@ class _Outputs:
             else:
                 self.ptrs[name], self.host[name] = memory.malloc(nbytes), np.empty(shape, dt)
 
-    def fetch(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``q_len`` rows, valid once the stream is synchronized."""
-        logits, hidden = self.host[C.LOGITS][:q_len], self.host[C.HIDDEN][:q_len]
+    def fetch(self, q_len: int, logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+        """The first ``q_len`` rows, valid once the stream is synchronized; ``logits=False`` leaves the
+        logits in device memory (None)."""
+        rows, hidden = self.host[C.LOGITS][:q_len] if logits else None, self.host[C.HIDDEN][:q_len]
         if not self.mapped:
-            self.memory.to_host(logits, self.ptrs[C.LOGITS])
+            if rows is not None:
+                self.memory.to_host(rows, self.ptrs[C.LOGITS])
             self.memory.to_host(hidden, self.ptrs[C.HIDDEN])
-        return logits, hidden
+        return rows, hidden
 
 
 class _Graph:
@@ -302,7 +310,7 @@ class _Graph:
         self.graph = m.capture(lambda: decoder.execute(self.ctx))
 
     def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
+            ) -> _Outputs:
         m, cache, b = decoder.memory, self.cache, self.bucket
         q_len, past = len(input_ids), cache.length
         m.to_device(self.io[C.INPUT_IDS], pad_to(np.asarray(input_ids, np.int64), b))
@@ -310,7 +318,7 @@ class _Graph:
         m.to_device(self.io[C.ATTENTION_MASK], static_mask(np.asarray(mask, bool), past, self.rows, b))
         m.replay(self.graph)
         self.scratch.commit(cache, q_len)
-        return self.outputs.fetch(q_len)
+        return self.outputs
 
 
 @register_backend("tensorrt", _trt_available, heads=_heads, accepts=_has_engines)
@@ -327,12 +335,15 @@ class TrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target", *,
                  context_factory: Callable[[int], Any] | None = None, memory: DeviceMemory | None = None,
                  limits: EngineLimits | None = None, graphs: bool = True,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, summary_context: Any = None) -> None:
+        """``summary_context``: an execution context of the logits summary engine (normally opened from
+        the bundle when ``specrt build`` made one); without it the logits are copied up whole."""
         del threads, role  # TensorRT runs on the GPU; host threads are not its to set
         self.entry, self.kv_dtype = entry, np.dtype(entry.dtype)
         self._engine: OpenEngine | None = None  # runtime and engine must outlive the contexts made from them
+        self._summary_engine: OpenEngine | None = None
         if context_factory is None:
-            context_factory, memory, limits = self._load(Path(bundle_dir), entry)
+            context_factory, memory, limits, summary_context = self._load(Path(bundle_dir), entry)
         assert memory is not None and limits is not None
         self.context_factory, self.memory, self.limits = context_factory, memory, limits
         self.contexts = [context_factory(PREFILL), context_factory(VERIFY)]
@@ -347,12 +358,19 @@ class TrtDecoder:
         self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK,
                         *(C.past_key(i) for i in range(d.num_layers)),
                         *(C.past_value(i) for i in range(d.num_layers))}
+        # Host-mapped outputs (Jetson) are read in place: there is no copy for a summary to save.
+        self.summary = (_Summary(summary_context, memory, d.vocab_size, q)
+                        if summary_context is not None and not self.outputs.mapped else None)
 
     def _load(self, bundle_dir: Path, entry: ModelEntry):
         manifest = load_manifest(bundle_dir)
         opened = open_engine(bundle_dir, manifest, role_of(manifest, entry))
         self._engine = opened
-        return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"])
+        summary = None
+        if SUMMARY_ROLE in manifest.engines and entry.dims.vocab_size >= C.SUMMARY_TOP_K:
+            self._summary_engine = open_engine(bundle_dir, manifest, SUMMARY_ROLE, opened.memory)
+            summary = self._summary_engine.context(0)
+        return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"]), summary
 
     def new_cache(self, max_context: int) -> DeviceKVCache:
         # The engine was built for at most limits.max_context positions; a longer context fails loudly
@@ -383,10 +401,14 @@ class TrtDecoder:
         cache.ensure_room(q_len)
         graph = self._graph_for(cache, q_len)
         if graph is not None:
-            logits, hidden = graph.run(self, input_ids, position_ids, mask)
+            outputs = graph.run(self, input_ids, position_ids, mask)
         else:
-            logits, hidden = self._eager(cache, input_ids, position_ids, mask)
+            outputs = self._eager(cache, input_ids, position_ids, mask)
+        logits, hidden = outputs.fetch(q_len, logits=self.summary is None)
         self.memory.synchronize()
+        if self.summary is not None:
+            return DecoderOutput(None, hidden, copied_bytes=hidden.nbytes,
+                                 device_logits=self.summary.rows(outputs.ptrs[C.LOGITS], q_len))
         copied = 0 if self.outputs.mapped else logits.nbytes + hidden.nbytes  # host-mapped: read in place
         return DecoderOutput(logits=logits, hidden=hidden, copied_bytes=copied)
 
@@ -400,7 +422,7 @@ class TrtDecoder:
         return self._scratch
 
     def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+               ) -> _Outputs:
         q_len, past, m = len(input_ids), cache.length, self.memory
         ctx = self.contexts[choose_profile(past, q_len, self.limits)]
         m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -412,4 +434,48 @@ class TrtDecoder:
         self.execute(ctx)
         if scratch:
             scratch.commit(cache, q_len)
-        return self.outputs.fetch(q_len)
+        return self.outputs
+
+
+class _Summary:
+    """The logits summary engine over a decoder's logits in device memory, on the decoder's stream: its
+    outputs (a few hundred bytes a row) are what comes up, and a whole row only when asked."""
+
+    def __init__(self, context: Any, memory: DeviceMemory, vocab: int, max_rows: int) -> None:
+        self.context, self.memory, self.vocab = context, memory, vocab
+        k = C.SUMMARY_TOP_K
+        self.host = {C.SUMMARY_VALUES: np.empty((max_rows, k), np.float32),
+                     C.SUMMARY_IDS: np.empty((max_rows, k), np.int32),
+                     C.SUMMARY_LSE: np.empty(max_rows, np.float32)}
+        self.ptrs = {name: memory.malloc(a.nbytes) for name, a in self.host.items()}
+        self.inv_t = memory.malloc(4)
+
+    def rows(self, logits_ptr: int, q_len: int) -> SummaryLogits:
+        row_bytes = self.vocab * 4
+
+        def summarize(start: int, rows: int, inv_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            skip = 0
+            if (start * row_bytes) % ALIGNMENT:  # TensorRT binds aligned addresses only: from row 0 then
+                start, rows, skip = 0, start + rows, start
+            m = self.memory
+            m.to_device(self.inv_t, np.array([inv_t], np.float32))
+            bind(self.context, {C.SUMMARY_LOGITS: ((rows, self.vocab), logits_ptr + start * row_bytes),
+                                C.SUMMARY_INV_T: ((1,), self.inv_t),
+                                **{name: (None, ptr) for name, ptr in self.ptrs.items()}})
+            if not self.context.execute_async_v3(m.stream):
+                raise SpecrtError("TensorRT failed to run the logits summary (see its log above)")
+            out = []
+            for name in (C.SUMMARY_VALUES, C.SUMMARY_IDS, C.SUMMARY_LSE):  # the rows asked for alone
+                a = self.host[name][skip:rows]
+                m.to_host(a, self.ptrs[name] + skip * self.host[name][0].nbytes)
+                out.append(a)
+            m.synchronize()
+            return tuple(a.copy() for a in out)
+
+        def fetch_row(i: int) -> np.ndarray:
+            row = np.empty(self.vocab, np.float32)
+            self.memory.to_host(row, logits_ptr + i * row_bytes)
+            self.memory.synchronize()
+            return row
+
+        return SummaryLogits(q_len, self.vocab, summarize, fetch_row)
