@@ -266,6 +266,9 @@ class HostDevice:
     def row(self, i):
         return self._up(self.logits[i].copy())
 
+    def logit(self, i, token):
+        return float(self._up(self.logits[i, token:token + 1].copy())[0])
+
     def tail(self, n):
         return HostDevice(self.logits[len(self.logits) - n:], self.rng)
 

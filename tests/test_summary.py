@@ -144,3 +144,44 @@ def test_a_padded_row_never_uses_the_normaliser_of_the_ids_it_is_cut_to_leave_ou
     rows = LogitRows(None, cfg, v, device=on_device(summary_session, logits), count=2)
     for i in range(2):
         np.testing.assert_allclose(rows[i].dense(), warp(logits[i][:v], cfg, v).dense(), rtol=1e-9, atol=1e-15)
+
+
+def test_temperature_alone_reads_one_whole_row_per_chain(summary_session):
+    """With no truncation every id keeps mass, yet the acceptance test needs p(x) alone: the summary's
+    top logits and normaliser (and the token's one logit when it is not among them) decide it, so only
+    the residual's or the bonus's row crosses whole; the tokens are the host rows' for the same uniforms."""
+    rng = np.random.default_rng(9)
+    v = 20_000
+    cfg = SamplingConfig(temperature=1.0)
+    for case in range(60):
+        logits = np.stack([logits_row(rng.choice(["peaked", "gaussian"]), v, rng) for _ in range(5)])
+        q = [_related(r, rng, cfg, v) for r in logits[:4]]
+        tokens = [d.sample(rng) for d in q]
+        seed = int(rng.integers(1 << 30))
+        host = accept_chain(LogitRows(logits, cfg, v), q, tokens, np.random.default_rng(seed))
+        reads = []
+        device = on_device(summary_session, logits)
+        device._fetch_row = lambda i, fetch=device._fetch_row: reads.append(i) or fetch(i)
+        dev = accept_chain(LogitRows(None, cfg, v, device=device, count=5), q, tokens, np.random.default_rng(seed))
+        assert host == dev, case
+        assert reads == [host[0]], (case, reads)  # the rejected row (residual) or the bonus row, nothing else
+
+
+def test_the_one_sample_beta_is_unbiased():
+    """acceptance_beta on a row read only at the drafted token: min(1, p(x)/q(x)) with x ~ q averages
+    to sum min(p, q); a biased variant (x from p instead of q) is caught by the same test."""
+    from specrt.runtime.logits import acceptance_beta, overlap
+
+    rng = np.random.default_rng(10)
+    v = 3000
+    cfg = SamplingConfig(temperature=1.0)
+    logits = np.stack([logits_row("gaussian", v, rng) * 0.5])
+    rows = LogitRows(None, cfg, v, device=on_device(ort.InferenceSession(str(C.summary_graph_path())), logits), count=1)
+    q = _related(logits[0], rng, cfg, v)
+    exact = overlap(warp(logits[0], cfg, v), q)
+    draws = 20_000
+    xs, ys = q.dense(), warp(logits[0], cfg, v).dense()
+    est = np.mean([acceptance_beta(rows, 0, q, int(x)) for x in rng.choice(v, draws, p=xs / xs.sum())])
+    biased = np.mean([acceptance_beta(rows, 0, q, int(x)) for x in rng.choice(v, draws, p=ys / ys.sum())])
+    assert abs(est - exact) < 4 * 0.5 / np.sqrt(draws), (est, exact)
+    assert abs(biased - exact) > 4 * 0.5 / np.sqrt(draws), (biased, exact)

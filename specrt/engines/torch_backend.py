@@ -49,6 +49,10 @@ class TorchDeviceLogits:
     def row(self, i: int) -> np.ndarray:
         return self._host(self.logits[i].float())
 
+    @torch.inference_mode()
+    def logit(self, i: int, token: int) -> float:
+        return float(self._host(self.logits[i, token:token + 1].float())[0])
+
     def tail(self, n: int) -> TorchDeviceLogits:
         return TorchDeviceLogits(self.logits[len(self.logits) - n:])
 

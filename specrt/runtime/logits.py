@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -417,6 +417,28 @@ def overlap(p: Dist, q: Dist) -> float:
     return float(np.minimum(p.probs_of(ids), q.probs_of(ids)).sum())
 
 
+def exceeds(p: Sequence[Dist], i: int, token: int, bar: float) -> bool:
+    """p[i](token) > bar, read from bounds on p(token) alone when a row left on a device gives them
+    and they decide (the acceptance test of one drafted token: bar = u * q(token))."""
+    bounds = p.prob_bounds(i, token) if isinstance(p, LogitRows) else None
+    if bounds is not None:
+        if bar < bounds[0]:
+            return True
+        if bar >= bounds[1]:
+            return False
+    return bar < p[i].prob(token)
+
+
+def acceptance_beta(p: Sequence[Dist], i: int, q: Dist, token: int) -> float:
+    """beta of row i: sum_x min(p(x), q(x)) when p's row is on the host (or cheap to warp); for a row
+    left on a device that verification read only at the drafted token, its one-sample estimate
+    min(1, p(token) / q(token)), unbiased because the token was drawn from q (exact for a point q)."""
+    bounds = p.prob_bounds(i, token) if isinstance(p, LogitRows) else None
+    if bounds is None:
+        return overlap(p[i], q)
+    return min(1.0, 0.5 * (bounds[0] + bounds[1]) / q.prob(token))
+
+
 def _sorted_top(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A device's top-k of one row, ordered by value then lower id (a device's order among ties is
     its own)."""
@@ -532,6 +554,20 @@ class LogitRows:
             if found is not None:
                 return found
         return warp(self._row(i), cfg, self.vocab)
+
+    def prob_bounds(self, i: int, token: int) -> tuple[float, float] | None:
+        """(lo, hi) around row i's p(token), from the device's top logits and normaliser (plus the
+        token's one logit when it is not among them), without the whole row; None when the row is,
+        or had better be, warped whole (host rows, greedy, truncation: their summaries decide rows)."""
+        cfg = self.sampling
+        if (self.device is None or cfg.greedy or cfg.top_k or cfg.top_p < 1.0 or i in self._dists
+                or token >= self.vocab or getattr(self.device, "width", self.vocab) > self.vocab):
+            return None
+        ids, values, lse, err = self._top(DEVICE_TOP_K)
+        hit = np.flatnonzero(ids[i] == token)
+        z = float(values[i][hit[0]]) if hit.size else float(self.device.logit(self.first + i, token))
+        p = math.exp(z / cfg.temperature - float(lse[i]))
+        return p * math.exp(-float(err[i])), p * math.exp(float(err[i]))
 
     def __getitem__(self, i: int) -> Dist:
         if i < 0:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import theory
 from .drafters import Drafter
-from .logits import overlap
+from .logits import acceptance_beta, overlap
 from .model import CachedModel
 from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
@@ -57,7 +57,7 @@ def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]
     s.target.cache.truncate(context_len + n)
     s.drafter.rollback(context_len + n)
     s.hidden = s.target.hidden[n]
-    betas = [overlap(p[i], proposal.dists[i]) for i in range(min(n + 1, k))]
+    betas = [acceptance_beta(p, i, proposal.dists[i], proposal.tokens[i]) for i in range(min(n + 1, k))]
     return proposal.tokens[:n] + [next_token], StepRecord(k, n, betas, proposal.passes, t1 - t0, t2 - t1)
 
 

@@ -49,15 +49,18 @@ class SummaryLogits:
     max_k = C.SUMMARY_TOP_K
 
     def __init__(self, rows: int, width: int, summarize: Summarize, fetch_row: Callable[[int], np.ndarray],
-                 start: int = 0) -> None:
+                 start: int = 0, fetch_logit: Callable[[int, int], np.ndarray] | None = None) -> None:
+        """``fetch_logit(i, token)``: row i's one logit as a float32 array of one (default: from the row)."""
         self.rows, self.width, self.start = rows, width, start
         self.copied_bytes = 0
         self._summarize, self._fetch_row = summarize, fetch_row
+        self._fetch_logit = fetch_logit or (lambda i, token: fetch_row(i)[token:token + 1])
         self._summaries: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def tail(self, n: int) -> SummaryLogits:
         """The last ``n`` rows (a prefill's last row, not the whole prompt's)."""
-        return SummaryLogits(n, self.width, self._summarize, self._fetch_row, self.start + self.rows - n)
+        return SummaryLogits(n, self.width, self._summarize, self._fetch_row, self.start + self.rows - n,
+                             self._fetch_logit)
 
     def _summary(self, temperature: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         inv_t = float(np.float32(1.0 / temperature))
@@ -92,3 +95,8 @@ class SummaryLogits:
         row = self._fetch_row(self.start + i)
         self.copied_bytes += row.nbytes
         return row
+
+    def logit(self, i: int, token: int) -> float:
+        value = self._fetch_logit(self.start + i, token)
+        self.copied_bytes += value.nbytes
+        return float(value[0])

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .logits import MIN_RESIDUAL_MASS, Dist
+from .logits import MIN_RESIDUAL_MASS, Dist, exceeds
 from .logits import residual as sparse_residual
 from .sampling import sample
 
@@ -50,9 +50,9 @@ def accept_chain(p: Sequence[Dist], q: Sequence[Dist], draft_tokens: Sequence[in
     first rejection (a :class:`~specrt.runtime.logits.LogitRows` warps nothing past it), and the
     residual is built for the rejected row alone."""
     for i, x in enumerate(draft_tokens):
-        p_i = p[i]
-        # Accept with probability min(1, p(x)/q(x)); u * q < p avoids dividing by q.
-        if rng.random() * q[i].prob(x) < p_i.prob(x):
+        # Accept with probability min(1, p(x)/q(x)); u * q < p avoids dividing by q. A row left on a
+        # device is read at x alone when that decides; the whole row only for the residual.
+        if exceeds(p, i, x, rng.random() * q[i].prob(x)):
             continue
-        return i, sparse_residual(p_i, q[i]).sample(rng)
+        return i, sparse_residual(p[i], q[i]).sample(rng)
     return len(draft_tokens), p[len(draft_tokens)].sample(rng)

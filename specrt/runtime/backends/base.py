@@ -33,6 +33,9 @@ class DeviceLogits(Protocol):
     def row(self, i: int) -> np.ndarray:
         """Row i, float32 (V,), copied to the host."""
 
+    def logit(self, i: int, token: int) -> float:
+        """Row i's logit of ``token`` alone, copied to the host."""
+
     def tail(self, n: int) -> "DeviceLogits":
         """The last ``n`` rows alone, as a DeviceLogits: what a summary then covers."""
 

@@ -200,4 +200,10 @@ class _Summary:
             self.memory.synchronize()
             return row
 
-        return SummaryLogits(q_len, vocab, summarize, fetch_row)
+        def fetch_logit(i: int, token: int) -> np.ndarray:
+            value = np.empty(1, np.float32)
+            self.memory.to_host(value, ptr + (i * vocab + token) * 4)
+            self.memory.synchronize()
+            return value
+
+        return SummaryLogits(q_len, vocab, summarize, fetch_row, fetch_logit=fetch_logit)

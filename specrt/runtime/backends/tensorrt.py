@@ -478,4 +478,10 @@ class _Summary:
             self.memory.synchronize()
             return row
 
-        return SummaryLogits(q_len, self.vocab, summarize, fetch_row)
+        def fetch_logit(i: int, token: int) -> np.ndarray:
+            value = np.empty(1, np.float32)
+            self.memory.to_host(value, logits_ptr + i * row_bytes + token * 4)
+            self.memory.synchronize()
+            return value
+
+        return SummaryLogits(q_len, self.vocab, summarize, fetch_row, fetch_logit=fetch_logit)
