@@ -8,8 +8,9 @@ and draws the same ids for the same uniforms, without [N, V] float64 rows on the
 - top-k is a partial selection, softmax over the k kept logits only;
 - top-p is exact (the sort-based kept set, ties broken by lower id) from a candidate block whose mass
   is checked to reach top-p; on a large vocabulary that check first runs on a bracket of the row's
-  total (one max pass over groups of 8 ids, no exp over the row); only a block too light for that
-  falls back to the full sort;
+  total (one max pass over groups of 8 ids, no exp over the row), then on the total from one float32
+  exp pass within its error bound; an edge closer to top-p than that bound is decided on float64
+  weights, and only a block too light for all that falls back to the full sort;
 - temperature alone keeps every id: one float32 exp over the row, and a two-level inverse CDF
   (block sums, then one block) instead of a cumulative sum over the whole vocabulary;
 - :class:`LogitRows` warps a row only when asked, so verification never touches rows past the first
@@ -281,12 +282,12 @@ def _exp_scaled(logits: np.ndarray, top: np.float32, temperature: float,
     return np.exp(w, out=w), scaled_top
 
 
-def _top_p_decided(w: np.ndarray, slack: float, top_p: float) -> np.ndarray | None:
+def _top_p_decided(w: np.ndarray, rest_lo: float, rest_hi: float, top_p: float) -> np.ndarray | None:
     """The kept indices (ascending) of a candidate block of weights ``w`` (the top's weight is 1) when
-    the row's total is only known to lie in [sum(w), sum(w) + slack]; None when that bracket leaves the
-    block or a candidate undecided."""
+    the mass of the rest of the row is only known to lie in [rest_lo, rest_hi]; None when that bracket
+    leaves the block or a candidate undecided."""
     block = float(w.sum())
-    lo, hi = top_p * block, top_p * (block + slack)
+    lo, hi = top_p * (block + rest_lo), top_p * (block + rest_hi)
     if block < hi:
         return None  # the block may hold less than top_p of the mass
     if hi < 1.0 - 1e-9:
@@ -299,6 +300,29 @@ def _top_p_decided(w: np.ndarray, slack: float, top_p: float) -> np.ndarray | No
     before -= sorted_w
     keep = before < lo
     return None if np.count_nonzero(before < hi) != np.count_nonzero(keep) else np.sort(order[keep])
+
+
+def _exp_pass_error(offset: float, scaled_top: float) -> float:
+    """A bound on the relative error of every weight of :func:`_exp_scaled` that did not underflow:
+    its exponent x was rounded twice in float32 (2^-23 |x|, with |x| <= |x_top| + 67 where x_top is
+    0 after the subtraction and max / T without it), and numpy's float32 exp adds <= 4 ulp."""
+    x_top = 0.0 if offset else abs(scaled_top)
+    return (x_top + 67.0 + 5.0) * 2.0 ** -23
+
+
+def _top_p_exact(logits: np.ndarray, temperature: float, top_p: float, vocab: int,
+                 ids: np.ndarray | None = None) -> Dist:
+    """Top-p on the float64 probabilities the reference computes, over the whole row. ``ids``: a
+    candidate block (every id at or above a logit threshold) that provably holds top-p of the mass
+    once the row's exact total is known; only it is sorted then."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max()
+    p = np.exp(z, out=z)
+    p /= p.sum()
+    if ids is not None and p[ids].sum() >= top_p:
+        return _top_p_dist(ids, p[ids], top_p, vocab)
+    kept = np.flatnonzero(_top_p_keep(p, top_p))
+    return Dist(kept, p[kept], vocab)
 
 
 def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int) -> Dist:
@@ -322,13 +346,17 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
     if found is not None:
         ids, slack = found
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)  # the reference's weights
-        keep = _top_p_decided(w, slack, top_p)
+        keep = _top_p_decided(w, 0.0, slack, top_p)
         if keep is not None:
             return Dist(ids[keep], w[keep], vocab)
     e, offset = _exp_scaled(logits, top, temperature, _scratch(len(logits)))
     # Sums of e in units of the top's weight (the candidates' float64 weights are relative to the top).
     unit = float(np.exp(offset - float(top) / temperature))
-    every = float(_block_cdf(e)[-1]) * unit  # pairwise block sums: cheaper than one long reduction
+    # Summed in float64 (0.1 ms): the rest of the row's mass is then off by its weights' own error
+    # alone, relative to the rest, not to the row (a float32 sum's 1e-6 of the row undecided ~14 % of
+    # the real-vocabulary pair's top-p 0.95 rows).
+    every = float(e.sum(dtype=np.float64)) * unit
+    rel_err = _exp_pass_error(offset, float(top) / temperature)
     for span in _TOP_P_SPANS:
         threshold = top - np.float32(span * temperature)
         if found is not None and threshold >= bracket:  # inside the bracket's block: no group scan
@@ -336,15 +364,19 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         else:
             ids = groups.at_least(threshold)
         if len(ids) > len(logits) // 2:
-            break  # half the row or more: sorting all of it costs about as much
-        # The block in float64 (the reference's values), the rest of the row from the float32 pass.
+            return _top_p_exact(logits, temperature, top_p, vocab)  # a flat row: the full sort
+        # The block in float64 (the reference's values), the rest of the row's mass from the float32
+        # pass, within its error bound.
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
-        p = w / (w.sum() + max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit))
-        if p.sum() >= top_p:
-            return _top_p_dist(ids, p, top_p, vocab)
-    p = e.astype(np.float64) * (unit / every)  # a flat row: the full sort, as the reference does it
-    ids = np.flatnonzero(_top_p_keep(p, top_p))
-    return Dist(ids, p[ids], vocab)
+        rest = max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit)
+        err = rel_err * rest + len(logits) * 1.2e-38 * unit  # + ids that underflowed to 0
+        if float(w.sum()) < top_p * (float(w.sum()) + max(0.0, rest - err)):
+            continue  # surely lighter than top-p: widen the block
+        keep = _top_p_decided(w, max(0.0, rest - err), rest + err, top_p)
+        if keep is not None:
+            return Dist(ids[keep], w[keep], vocab)
+        return _top_p_exact(logits, temperature, top_p, vocab, ids)  # an edge within the pass's error
+    return _top_p_exact(logits, temperature, top_p, vocab)
 
 
 _local = threading.local()
