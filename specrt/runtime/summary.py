@@ -15,10 +15,25 @@ from typing import Callable
 import numpy as np
 
 from .. import contract as C
+from .device import DeviceMemory
 
 # (start, rows, 1/T) -> (values [rows, K] float32, ids [rows, K] int, lse [rows] float32): the summary
 # graph's outputs over rows start .. start + rows - 1 of a pass's logits
 Summarize = Callable[[int, int, float], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def row_readers(memory: DeviceMemory, ptr: int, width: int
+                ) -> tuple[Callable[[int], np.ndarray], Callable[[int, int], np.ndarray]]:
+    """(fetch_row, fetch_logit) copying up a row, or one logit, of float32 [rows, width] logits at
+    device address ``ptr``."""
+
+    def fetch(offset: int, n: int) -> np.ndarray:
+        out = np.empty(n, np.float32)
+        memory.to_host(out, ptr + 4 * offset)
+        memory.synchronize()
+        return out
+
+    return (lambda i: fetch(i * width, width)), (lambda i, token: fetch(i * width + token, 1))
 
 
 def lse_error_bound(vocab: int, lse: np.ndarray, top_scaled: np.ndarray) -> np.ndarray:

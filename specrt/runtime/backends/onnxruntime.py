@@ -19,7 +19,7 @@ from ...errors import BundleError
 from ...manifest import ModelEntry
 from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from ..kvcache import KVCache
-from ..summary import SummaryLogits
+from ..summary import SummaryLogits, row_readers
 from .base import DecoderOutput, register_backend
 
 
@@ -194,16 +194,5 @@ class _Summary:
             self.session.run_with_iobinding(b)
             return outs[C.SUMMARY_VALUES].copy(), outs[C.SUMMARY_IDS].copy(), outs[C.SUMMARY_LSE].copy()
 
-        def fetch_row(i: int) -> np.ndarray:
-            row = np.empty(vocab, np.float32)
-            self.memory.to_host(row, ptr + i * vocab * 4)
-            self.memory.synchronize()
-            return row
-
-        def fetch_logit(i: int, token: int) -> np.ndarray:
-            value = np.empty(1, np.float32)
-            self.memory.to_host(value, ptr + (i * vocab + token) * 4)
-            self.memory.synchronize()
-            return value
-
+        fetch_row, fetch_logit = row_readers(self.memory, ptr, vocab)
         return SummaryLogits(q_len, vocab, summarize, fetch_row, fetch_logit=fetch_logit)

@@ -24,7 +24,7 @@ from ...errors import ConfigError, ContextLengthError, SpecrtError
 from ...manifest import Manifest, ModelEntry, load_manifest
 from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 from ..device import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
-from ..summary import SummaryLogits
+from ..summary import SummaryLogits, row_readers
 from .base import DecoderOutput, register_backend
 from .onnxruntime import OrtHeads
 
@@ -472,16 +472,5 @@ class _Summary:
             m.synchronize()
             return tuple(a.copy() for a in out)
 
-        def fetch_row(i: int) -> np.ndarray:
-            row = np.empty(self.vocab, np.float32)
-            self.memory.to_host(row, logits_ptr + i * row_bytes)
-            self.memory.synchronize()
-            return row
-
-        def fetch_logit(i: int, token: int) -> np.ndarray:
-            value = np.empty(1, np.float32)
-            self.memory.to_host(value, logits_ptr + i * row_bytes + token * 4)
-            self.memory.synchronize()
-            return value
-
+        fetch_row, fetch_logit = row_readers(self.memory, logits_ptr, self.vocab)
         return SummaryLogits(q_len, self.vocab, summarize, fetch_row, fetch_logit=fetch_logit)
