@@ -294,19 +294,24 @@ def test_rows_left_on_a_device_warp_as_the_host_rows(kind):
             assert rows.top(i, 3) == top_ids(logits[1 + i], 3).tolist()
 
 
-def test_a_chain_verified_from_device_rows_decides_as_from_host_rows():
-    rng = np.random.default_rng(7)
-    v = 5000
-    for case in range(300):
+def check_device_chains(make_device, rng: np.random.Generator, cases: int, v: int = 5000) -> None:
+    """Random chains verified from rows left on a device (``make_device(logits)``) accept the same
+    drafts and draw the same next token as from the host rows, for the same uniforms."""
+    for case in range(cases):
         cfg = CONFIGS[case % len(CONFIGS)]
         logits = np.stack([logits_row(rng.choice(["peaked", "gaussian", "ties"]), v, rng) for _ in range(4)])
         q = [_related(r, rng, cfg, v) for r in logits[:3]]
         tokens = [d.sample(rng) for d in q]
         seed = int(rng.integers(1 << 30))
         host = accept_chain(LogitRows(logits, cfg, v), q, tokens, np.random.default_rng(seed))
-        dev = accept_chain(LogitRows(None, cfg, v, device=HostDevice(logits, rng), count=4), q, tokens,
+        dev = accept_chain(LogitRows(None, cfg, v, device=make_device(logits), count=4), q, tokens,
                            np.random.default_rng(seed))
         assert host == dev, (case, cfg)
+
+
+def test_a_chain_verified_from_device_rows_decides_as_from_host_rows():
+    rng = np.random.default_rng(7)
+    check_device_chains(lambda logits: HostDevice(logits, rng), rng, 300)
 
 
 def _edge_cases(rng: np.random.Generator, n: int):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from test_logits import CONFIGS, QWEN2_VOCAB, _related, logits_row
+from test_logits import CONFIGS, QWEN2_VOCAB, _related, check_device_chains, logits_row
 
 from specrt import contract as C
 from specrt.export.summary_graph import build_summary_model
@@ -119,18 +119,7 @@ def test_a_top_p_edge_inside_the_normaliser_error_reads_the_row():
 
 
 def test_a_chain_verified_through_the_summary_decides_as_from_host_rows(summary_session):
-    rng = np.random.default_rng(8)
-    v = 5000
-    for case in range(150):
-        cfg = CONFIGS[case % len(CONFIGS)]
-        logits = np.stack([logits_row(rng.choice(["peaked", "gaussian", "ties"]), v, rng) for _ in range(4)])
-        q = [_related(r, rng, cfg, v) for r in logits[:3]]
-        tokens = [d.sample(rng) for d in q]
-        seed = int(rng.integers(1 << 30))
-        host = accept_chain(LogitRows(logits, cfg, v), q, tokens, np.random.default_rng(seed))
-        dev = accept_chain(LogitRows(None, cfg, v, device=on_device(summary_session, logits), count=4), q, tokens,
-                           np.random.default_rng(seed))
-        assert host == dev, (case, cfg)
+    check_device_chains(lambda logits: on_device(summary_session, logits), np.random.default_rng(8), 150)
 
 
 def test_a_padded_row_never_uses_the_normaliser_of_the_ids_it_is_cut_to_leave_out(summary_session):
