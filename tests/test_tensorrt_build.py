@@ -191,3 +191,16 @@ def test_built_engines_load_and_decode_on_both_tensorrt_generations(version, por
     st, hidden_row = out.stats, 4 * gen.manifest.target.dims.hidden_size
     rows, read = st.prompt_tokens + st.drafted + st.target_passes - 1, 1 + st.drafted + st.target_passes - 1
     assert st.d2h_bytes_per_target_pass * st.target_passes == rows * hidden_row + read * (8 * SUMMARY_TOP_K + 4)
+
+
+def test_summary_profile_covers_every_vocabulary_and_the_widest_pass():
+    import onnx
+
+    from specrt.contract import summary_graph_path
+    from specrt.engines.tensorrt_build import summary_profiles
+
+    (profile,) = summary_profiles([152_064, 151_936], BuildOptions(max_context=512, max_prompt=256, max_verify=32))
+    assert profile == {"logits": ((1, 151_936), (8, 152_064), (256, 152_064))}
+    graph = onnx.load(summary_graph_path()).graph
+    dynamic = {i.name for i in graph.input if any(d.dim_param for d in i.type.tensor_type.shape.dim)}
+    assert set(profile) == dynamic  # a profile for every dynamic input, none for the static [1] temperature

@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..contract import (ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SUMMARY_INV_T, SUMMARY_LOGITS, SUMMARY_TOP_K,
-                        summary_graph_path)
+from ..contract import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SUMMARY_LOGITS, SUMMARY_TOP_K, summary_graph_path
 from ..errors import ConfigError, SpecrtError
 from ..manifest import ModelEntry
 
@@ -87,7 +86,7 @@ def summary_profiles(vocab_sizes: list[int], opts: BuildOptions) -> list[dict[st
     any of the bundle's models (target and draft vocabularies may differ)."""
     q = max(opts.max_prompt, opts.max_verify)
     lo, hi = min(vocab_sizes), max(vocab_sizes)
-    return [{SUMMARY_LOGITS: ((1, lo), (min(8, q), hi), (q, hi)), SUMMARY_INV_T: ((1,), (1,), (1,))}]
+    return [{SUMMARY_LOGITS: ((1, lo), (min(8, q), hi), (q, hi))}]  # inv_temperature is static: [1]
 
 
 def file_sha256(path: Path) -> str:
