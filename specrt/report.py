@@ -55,15 +55,18 @@ def print_bench(result: dict) -> None:
     sampling = _sampling(cfg)
     t = Table(title=f"specrt bench · {cfg['prompts']} prompts × {cfg['max_new_tokens']} tokens · {sampling} · "
                     f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
+    # Bytes from a GPU per target pass: a column only where outputs left device memory at all.
+    d2h = any(r.get("d2h_bytes_per_target_pass") for r in result["methods"].values())
     for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "verify cost", "predicted",
-                "draft/verify/other", "host ms/token", "= none"):
+                "draft/verify/other", "host ms/token", *(["D2H/pass"] if d2h else []), "= none"):
         t.add_column(col, justify="right")
     for method, r in result["methods"].items():
         split = f"{r['share_draft']:.0%}/{r['share_verify']:.0%}/{r['share_host']:.0%}"
         same = {True: "yes", False: "NO", None: "-"}[r.get("greedy_matches_none")]
+        copied = [f"{r.get('d2h_bytes_per_target_pass', 0) / 1e3:.1f} KB"] if d2h else []
         t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x",
                   f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]), f"{r['verify_cost']:.2f}",
-                  _fmt(r["predicted_speedup"], ".2f"), split, _fmt(r.get("host_ms_per_token"), ".3f"), same)
+                  _fmt(r["predicted_speedup"], ".2f"), split, _fmt(r.get("host_ms_per_token"), ".3f"), *copied, same)
     import sys
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # pipes and files get the whole table

@@ -27,6 +27,18 @@ def test_bench_figures_are_well_formed(generator):
     json.dumps(res)
 
 
+def test_the_bench_table_shows_device_to_host_bytes_where_outputs_left_a_gpu(generator, capsys):
+    from specrt.report import print_bench
+
+    res = run_bench(generator, builtin_prompts("code")[:1], BenchConfig(methods=("none", "draft"), max_new_tokens=6))
+    print_bench(res)
+    assert "D2H/pass" not in capsys.readouterr().out  # a CPU backend copies nothing
+    res["methods"]["none"]["d2h_bytes_per_target_pass"] = 516.0
+    print_bench(res)
+    out = capsys.readouterr().out
+    assert "D2H/pass" in out and "0.5 KB" in out
+
+
 def test_bench_config_and_prompt_errors(tmp_path):
     with pytest.raises(ConfigError, match="include 'none'"):
         BenchConfig(methods=("draft",))
