@@ -182,7 +182,7 @@ def device_logits_bytes(bundle: Path, max_new_tokens: int) -> dict:
 
     whole_rows = {"target": 0, "draft": 0}
 
-    def factory(bundle_dir, entry, threads=None, role="target"):
+    def factory(bundle_dir, entry, threads=None, role="target", low_memory=None):
         decoder = OrtDecoder(bundle_dir, entry, threads=threads, role=role, memory=HostMemory(), device_logits=True)
         rows = decoder.summary.rows
 

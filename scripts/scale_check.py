@@ -2,14 +2,16 @@
 
     python scripts/scale_check.py [--families llama-3.2-1b,qwen3-0.6b,gemma-2-2b,phi-3-mini]
                                   [--dtypes float16,float32] [--work /tmp/specrt-scale]
-                                  [--json benchmarks/scale-check.json] [--tokens 16]
+                                  [--json benchmarks/scale-check.json] [--tokens 16] [--layers N]
 
 For each family: a target at the real checkpoint's dimensions (vocabulary, widths, depth, rope
 scaling, windows, soft-caps) and a 2-layer draft of the same family and vocabulary, saved in bf16 like
 the real checkpoints; the final norm is scaled so the logits spread like a trained model's (std ~3),
 not a random model's (~1). Each dtype's export runs in its own process, so its wall time and peak
 RSS are its own; the bundle then decodes greedily with --method none and --method draft, which must
-agree token for token. Not in CI (minutes and gigabytes per family); nothing is downloaded.
+agree token for token, in another (ONNX Runtime's low-memory session where the default would not fit;
+its peak memory recorded too). A process the kernel kills still leaves its row: its figures up to then
+and the signal. Not in CI (minutes and gigabytes per family); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,44 +51,83 @@ FAMILIES = {
 DRAFT = dict(num_hidden_layers=2)
 PROMPTS = ["def fibonacci(n):\n    ", "import numpy as np\n\nclass Matrix:\n"]
 
-# Peak memory of the export's whole process tree (the export runs each model's PyTorch side in a child
-# process), sampled every 20 ms as the sum over the tree: RSS (file-backed pages of memory-mapped
-# checkpoints and external data included) and anonymous memory alone (mapped pages are page cache the
-# kernel can drop).
 EXPORT = """
-import json, os, sys, threading, time
+import json, sys, time
 from specrt.export.bundle import ExportOptions, export_bundle
-peak = {"rss": 0, "anon": 0}
-def tree(pid):
-    try:
-        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    except OSError:
-        return [pid]
-    return [pid] + [p for k in kids for p in tree(int(k))]
-def status(pid):
-    out = {"rss": 0, "anon": 0}
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith(("VmRSS:", "RssAnon:")):
-                out["rss" if line.startswith("VmRSS") else "anon"] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return out
-def sample():
-    while True:
-        now = [status(p) for p in tree(os.getpid())]
-        for k in peak:
-            peak[k] = max(peak[k], sum(s[k] for s in now))
-        time.sleep(0.02)
-threading.Thread(target=sample, daemon=True).start()
 t = time.perf_counter()
 m = export_bundle(sys.argv[1], sys.argv[2], sys.argv[3], ExportOptions(dtype=sys.argv[4], force=True))
 print(json.dumps({"export_s": time.perf_counter() - t,
-                  "peak_rss_bytes": peak["rss"], "peak_anon_bytes": peak["anon"],
                   "graphs": {r: e.graph for r, e in m.models.items()},
                   "parity": {r: e.parity for r, e in m.models.items()},
                   "parity_tolerance": m.target.parity_tolerance, "max_context": m.max_context}))
 """
+# The decode runs in its own process too, so its memory is the run time's alone; ONNX Runtime's
+# low-memory session is chosen as `specrt run` would choose it (the notes say where and why).
+DECODE = """
+import json, sys, time
+import specrt
+gen = specrt.load(sys.argv[1])
+tokens, prompts, out = int(sys.argv[2]), json.loads(sys.argv[3]), {}
+for method in ("none", "draft"):
+    ids, t = [], time.perf_counter()
+    for p in prompts:
+        ids.append(gen.generate(p, max_new_tokens=tokens, method=method, gamma=3).token_ids)
+    out[method] = {"token_ids": ids, "tokens_per_second": sum(map(len, ids)) / (time.perf_counter() - t)}
+print(json.dumps({"greedy_draft_equals_none": out["none"]["token_ids"] == out["draft"]["token_ids"],
+                  **{f"{m}_tokens_per_second": round(v["tokens_per_second"], 2) for m, v in out.items()},
+                  "memory_notes": gen.memory_notes}))
+"""
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return [pid]
+    return [pid] + [p for k in kids for p in _tree(int(k))]
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    rss = anon = 0
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, anon
+
+
+def measured(code: str, *args: str) -> tuple[dict, dict]:
+    """Run ``code`` in a child process: (its last stdout line as JSON, or {"error": ...}; its wall time and
+    the peak memory of its whole process tree (the export runs each model's PyTorch side in a child of
+    its own), sampled every 20 ms from here, so a child the kernel kills still has its figures: RSS
+    (file-backed pages of memory-mapped checkpoints and external data included) and anonymous memory
+    alone (mapped pages are page cache the kernel can drop))."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    peak = [0, 0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            now = [_memory(p) for p in _tree(proc.pid)]
+            peak[:] = [max(peak[i], sum(m[i] for m in now)) for i in (0, 1)]
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.join()
+    figures = {"wall_s": round(time.perf_counter() - t, 1), "peak_rss_bytes": peak[0], "peak_anon_bytes": peak[1]}
+    if proc.returncode < 0:  # SIGKILL here is the kernel's out-of-memory killer
+        return {"error": f"killed by signal {-proc.returncode}"}, figures
+    if proc.returncode:
+        last = err.strip().splitlines()[-1:] or ["no message"]
+        return {"error": f"exit {proc.returncode}: {last[0]}"}, figures
+    return json.loads(out.strip().splitlines()[-1]), figures
 
 
 def tokenizer():
@@ -135,20 +177,6 @@ def build(work: Path, family: str, layers: int | None = None) -> tuple[Path, Pat
     return (*folders, json.loads((folders[0] / "params.json").read_text())["params"])
 
 
-def decode(bundle: Path, tokens: int) -> dict:
-    import specrt
-
-    gen = specrt.load(bundle)
-    out = {}
-    for method in ("none", "draft"):
-        ids, t = [], time.perf_counter()
-        for p in PROMPTS:
-            ids.append(gen.generate(p, max_new_tokens=tokens, method=method, gamma=3).token_ids)
-        out[method] = {"token_ids": ids, "tokens_per_second": sum(map(len, ids)) / (time.perf_counter() - t)}
-    return {"greedy_draft_equals_none": out["none"]["token_ids"] == out["draft"]["token_ids"],
-            **{f"{m}_tokens_per_second": round(v["tokens_per_second"], 2) for m, v in out.items()}}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
@@ -165,17 +193,19 @@ def main() -> None:
         family = f"{family} ({args.layers} layers)" if args.layers else family
         for dtype in args.dtypes.split(","):
             bundle = target.parent / f"bundle-{dtype}"
-            proc = subprocess.run([sys.executable, "-c", EXPORT, str(target), str(draft), str(bundle), dtype],
-                                  capture_output=True, text=True)
-            row = {"params": params, "weight_bytes": params * (2 if dtype == "float16" else 4)}
-            if proc.returncode:
-                row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
-            else:
-                row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            got, figures = measured(EXPORT, str(target), str(draft), str(bundle), dtype)
+            row = {"params": params, "weight_bytes": params * (2 if dtype == "float16" else 4),
+                   **{k: v for k, v in figures.items() if k != "wall_s"}, **got}
+            if "error" not in row:
                 row["peak_rss_over_weights"] = round(row["peak_rss_bytes"] / row["weight_bytes"], 2)
                 # the issue's budget: 1.5x the weights + 2 GB
                 row["within_budget"] = row["peak_rss_bytes"] <= 1.5 * row["weight_bytes"] + 2 * 2**30
-                row.update(decode(bundle, args.tokens))
+                got, figures = measured(DECODE, str(bundle), str(args.tokens), json.dumps(PROMPTS))
+                row.update({f"decode_{k}": v for k, v in figures.items()}, **got)
+                if "error" in got:
+                    row["decode_error"] = row.pop("error")
+            else:
+                row["export_s"] = figures["wall_s"]  # until it failed
             results[f"{family} {dtype}"] = row
             print(family, dtype, json.dumps({k: v for k, v in row.items() if k != "parity"}), flush=True)
             args.json.write_text(json.dumps(results, indent=1) + "\n")

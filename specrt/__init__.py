@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     from .runtime.generator import GenerationResult, SpeculativeGenerator
 
 
-def load(bundle=None, backend: str = "auto", threads: int | None = None) -> "SpeculativeGenerator":
+def load(bundle=None, backend: str = "auto", threads: int | None = None,
+         low_memory: bool | None = None) -> "SpeculativeGenerator":
     """Load a bundle folder (default: the shipped demo bundle). See :class:`SpeculativeGenerator`."""
     from .runtime.generator import load as _load
 
-    return _load(bundle, backend=backend, threads=threads)
+    return _load(bundle, backend=backend, threads=threads, low_memory=low_memory)
 
 
 __all__ = ["load", "__version__"]

@@ -94,7 +94,7 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
 
 
 def _fake_trt(integrated: bool = False, summary: bool = False, **options):
-    def factory(bundle_dir, entry, threads=None, role="target"):
+    def factory(bundle_dir, entry, threads=None, role="target", low_memory=None):
         session = _session(bundle_dir / entry.file, 1)
         summary_context = OrtEngineContext(_session(summary_graph_path(), 1)) if summary else None
         return TrtDecoder(bundle_dir, entry, context_factory=lambda profile: OrtEngineContext(session),
@@ -103,11 +103,11 @@ def _fake_trt(integrated: bool = False, summary: bool = False, **options):
     return factory
 
 
-def _ort_on_device_memory(bundle_dir, entry, threads=None, role="target"):
+def _ort_on_device_memory(bundle_dir, entry, threads=None, role="target", low_memory=None):
     return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=HostMemory())
 
 
-def _ort_device_logits(bundle_dir, entry, threads=None, role="target"):
+def _ort_device_logits(bundle_dir, entry, threads=None, role="target", low_memory=None):
     return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=HostMemory(), device_logits=True)
 
 

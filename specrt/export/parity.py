@@ -20,6 +20,7 @@ import torch
 from .. import contract as C
 from ..errors import ParityError
 from ..logit_parity import PARITY_TOLERANCE, ParityTolerance, compare_logits, row_scale, within
+from ..runtime.backends.onnxruntime import low_memory_options
 from ..runtime.masks import causal_mask, tree_mask
 
 PROMPT_LEN = 7
@@ -111,20 +112,13 @@ class _OrtDecoder:
     def __init__(self, path: Path, dims: C.ModelDims, dtype: str) -> None:
         import onnxruntime as ort
 
-        # A few calls, checked once: no second copy of the weights. On CPU ONNX Runtime runs fp16 MatMuls
-        # through inserted Casts, and initializer fusion / constant folding would keep an fp32 copy of
-        # every weight (3x the fp16 bytes); prepacking would copy fp32 weights again. Casts at run time
-        # give the same numbers; priority order runs each next to its MatMul, so one fp32 weight at a
-        # time is alive, not all (Llama-3.2-1B fp16, one prefill: 7.8 GB peak -> 4.5 GB). Without the
-        # arena those transient copies go back to the OS instead of staying cached in it (the five cases
-        # on that model: 3.5 -> 1.7 GB anonymous memory, 10 -> 14 s).
+        # A few calls, checked once: the runtime's low-memory session, no second copy of the weights
+        # (Llama-3.2-1B fp16, one prefill: 7.8 GB peak -> 4.5 GB; without the arena the transient fp32
+        # copies go back to the OS: the five cases on that model 3.5 -> 1.7 GB anonymous memory, 10 -> 14 s).
         options = ort.SessionOptions()
-        options.enable_cpu_mem_arena = False
-        options.add_session_config_entry("session.disable_prepacking", "1")
-        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        disabled = low_memory_options(options)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=["ConstantFolding",
-                                                                 "FuseFp16InitializerToFp32NodeTransformer"])
+                                            disabled_optimizers=disabled)
         self.dims, self.np_dtype = dims, np.dtype(dtype)
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):

@@ -92,7 +92,10 @@ class _TextTracker:
 class SpeculativeGenerator:
     """A loaded bundle: tokenizer, target and (if present) draft sessions and caches, created once."""
 
-    def __init__(self, bundle: str | Path, backend: str = "auto", threads: int | None = None) -> None:
+    def __init__(self, bundle: str | Path, backend: str = "auto", threads: int | None = None,
+                 low_memory: bool | None = None) -> None:
+        """``low_memory``: sessions that keep no second copy of the weights, slower (ONNX Runtime on CPU);
+        None: each where the default one would not fit in the memory available."""
         from tokenizers import Tokenizer
 
         self.bundle = Path(bundle)
@@ -102,7 +105,8 @@ class SpeculativeGenerator:
         except Exception as e:  # tokenizers raises a bare Exception on a corrupt file
             raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
         self.decoders: dict[str, Decoder] = {
-            role: create_decoder(backend, self.bundle, entry, threads, role) for role, entry in self.manifest.models.items()}
+            role: create_decoder(backend, self.bundle, entry, threads, role, low_memory)
+            for role, entry in self.manifest.models.items()}
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
         self._backend, self._threads = backend, threads
@@ -113,6 +117,12 @@ class SpeculativeGenerator:
     @property
     def max_context(self) -> int:
         return self.manifest.max_context
+
+    @property
+    def memory_notes(self) -> list[str]:
+        """One line per model whose session is the low-memory one, saying why (backends without one: none)."""
+        plans = {role: getattr(d, "memory_plan", None) for role, d in self.decoders.items()}
+        return [f"{role}: {p.reason}" for role, p in plans.items() if p is not None and p.low_memory]
 
     def encode(self, prompt: str) -> list[int]:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
@@ -242,10 +252,11 @@ class SpeculativeGenerator:
         return self.last_result
 
 
-def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None) -> SpeculativeGenerator:
+def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None,
+         low_memory: bool | None = None) -> SpeculativeGenerator:
     """Load a bundle folder; with no path, the demo bundle that ships inside the package."""
     if bundle is None:
         from .. import demo
 
         bundle = demo.bundle_path()
-    return SpeculativeGenerator(bundle, backend=backend, threads=threads)
+    return SpeculativeGenerator(bundle, backend=backend, threads=threads, low_memory=low_memory)

@@ -17,7 +17,7 @@ def _torch_available() -> bool:
 
 
 @register_backend("torch", _torch_available)
-def _torch_decoder(bundle_dir, entry, threads=None, role="target"):
+def _torch_decoder(bundle_dir, entry, threads=None, role="target", low_memory=None):
     """PyTorch on the bundle's source checkpoint (CUDA graphs on GPUs); never chosen by "auto"."""
     from ...engines.torch_backend import TorchDecoder
 

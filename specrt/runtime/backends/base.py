@@ -82,7 +82,7 @@ _BACKENDS: dict[str, BackendInfo] = {}
 def register_backend(name: str, available: Callable[[], bool], heads: Callable[..., Heads] | None = None,
                      accepts: Callable[[Path], bool] | None = None
                      ) -> Callable[[Callable[..., Decoder]], Callable[..., Decoder]]:
-    """Class decorator: ``factory(bundle_dir, entry, threads=..., role=...)`` builds a Decoder;
+    """Class decorator: ``factory(bundle_dir, entry, threads=..., role=..., low_memory=...)`` builds a Decoder;
     ``heads(bundle_dir, file, threads=...)`` runs Medusa heads; ``accepts(bundle_dir)`` says whether
     "auto" may pick this backend for a bundle (e.g. TensorRT only once engines were built)."""
 
@@ -118,10 +118,11 @@ def _backend(name: str, bundle_dir: Path | None = None) -> BackendInfo:
 
 
 def create_decoder(backend: str, bundle_dir: Path, entry: ModelEntry, threads: int | None = None,
-                   role: str = "target") -> Decoder:
+                   role: str = "target", low_memory: bool | None = None) -> Decoder:
     """``role``: "target", or "draft" for a model run between target passes (a CPU backend keeps its threads
-    from competing with the target's)."""
-    return _backend(backend, bundle_dir).factory(bundle_dir, entry, threads=threads, role=role)
+    from competing with the target's). ``low_memory``: a session that trades speed for no second copy of
+    the weights (ONNX Runtime on CPU; None: when the default one would not fit; other backends ignore it)."""
+    return _backend(backend, bundle_dir).factory(bundle_dir, entry, threads=threads, role=role, low_memory=low_memory)
 
 
 def create_heads(backend: str, bundle_dir: Path, file: str, threads: int | None = None) -> Heads:

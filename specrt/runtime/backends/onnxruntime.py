@@ -10,6 +10,7 @@ past grows each step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,65 @@ def choose_providers(available: list[str]) -> list[str]:
 _SMALL_HELPER_BYTES = 64 * 2**20
 
 
-def _session(path: Path, threads: int | None, helper: bool = False):
+# Peak anonymous memory of a default CPU session per byte of graph weights (.onnx + external data),
+# measured on Llama-3.2-1B dims, target alone / with draft and Python. fp16 (2.3 / 2.6): ONNX Runtime runs
+# fp16 MatMuls through Casts it inserts and constant-folds an fp32 copy of every weight, after reading the
+# fp16 ones in. fp32 (1.2 / 1.3): prepacking copies the weights; the originals stay page cache the kernel
+# can drop when they are external data (a graph in one .onnx file is read in: 2).
+DEFAULT_SESSION_FACTOR = {"float16": 2.5, "float32": 1.5}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    low_memory: bool
+    reason: str  # one line: why this session is the low-memory one; "" for the default session
+
+
+def default_session_bytes(weight_bytes: int, dtype: str) -> int:
+    """What a default CPU session over ``weight_bytes`` of ``dtype`` weights is estimated to hold."""
+    return int(weight_bytes * DEFAULT_SESSION_FACTOR[dtype])
+
+
+def plan_memory(weight_bytes: int, dtype: str, available: int | None, low_memory: bool | None) -> MemoryPlan:
+    """``low_memory``: True/False force the session kind; None picks the low-memory one when the default
+    would not fit in ``available`` bytes (None: unknown, so the default)."""
+    if low_memory is not None:
+        return MemoryPlan(low_memory, "low-memory session: asked for" if low_memory else "")
+    need = default_session_bytes(weight_bytes, dtype)
+    if available is None or need <= available:
+        return MemoryPlan(False, "")
+    gb = 1e9
+    return MemoryPlan(True, f"low-memory session: a default one would hold ~{need / gb:.1f} GB "
+                            f"({DEFAULT_SESSION_FACTOR[dtype]:g} x {weight_bytes / gb:.1f} GB of {dtype} weights), "
+                            f"{available / gb:.1f} GB available")
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where there is none (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def low_memory_options(opts) -> list[str]:
+    """Set ``opts`` (an ``ort.SessionOptions``) for a session that keeps no second copy of the weights;
+    returns the optimizers to disable. fp16 MatMuls then cast their weight at run time (the same
+    numbers), priority order runs each Cast next to its MatMul so one fp32 weight is alive at a time,
+    and without the arena that copy goes back to the OS. Each pass pays for the casts."""
+    import onnxruntime as ort
+
+    opts.enable_cpu_mem_arena = False
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    return ["ConstantFolding", "FuseFp16InitializerToFp32NodeTransformer"]
+
+
+def _session(path: Path, threads: int | None, helper: bool = False, plan: MemoryPlan = MemoryPlan(False, "")):
     """``helper``: a model run between target passes. Only the target's pool spins.
 
     The target's workers spin between its nodes (a wake-up per node cost an int4 demo step 1.7 → 2.6 ms);
@@ -57,9 +116,11 @@ def _session(path: Path, threads: int | None, helper: bool = False):
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if C.graph_bytes(path) < _SMALL_HELPER_BYTES:
             opts.intra_op_num_threads = 1
+    disabled = low_memory_options(opts) if plan.low_memory else []
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()))
+        return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()),
+                                    disabled_optimizers=disabled)
     except Exception as e:  # onnxruntime raises its own untyped errors for bad files
         raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
@@ -80,11 +141,21 @@ class OrtHeads:
 
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
-    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target", *,
-                 memory: DeviceMemory | None = None, device_logits: bool | None = None) -> None:
-        """``memory``: where the KV cache lives; default host arrays on CPU, CUDA memory on the CUDA provider.
-        ``device_logits``: leave the logits in ``memory`` and summarise them there (default: on CUDA)."""
-        self.session = _session(Path(bundle_dir) / entry.file, threads, helper=role != "target")
+    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target",
+                 low_memory: bool | None = None, *, memory: DeviceMemory | None = None,
+                 device_logits: bool | None = None) -> None:
+        """``low_memory``: the session that keeps no fp32 copies of the weights (:func:`low_memory_options`);
+        None: when a default one would not fit in the memory available (on the CPU provider only; the CUDA
+        provider keeps weights in device memory). ``memory``: where the KV cache lives; default host arrays
+        on CPU, CUDA memory on the CUDA provider. ``device_logits``: leave the logits in ``memory`` and
+        summarise them there (default: on CUDA)."""
+        import onnxruntime as ort
+
+        path = Path(bundle_dir) / entry.file
+        on_cpu = choose_providers(ort.get_available_providers()) == ["CPUExecutionProvider"]
+        self.memory_plan = plan_memory(C.graph_bytes(path), entry.dtype, available_memory() if on_cpu else None,
+                                       low_memory)
+        self.session = _session(path, threads, helper=role != "target", plan=self.memory_plan)
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
         self.kv_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"

@@ -332,13 +332,14 @@ class TrtDecoder:
     bookkeeping is tested on machines without a GPU.
     """
 
-    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target", *,
+    def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target",
+                 low_memory: bool | None = None, *,
                  context_factory: Callable[[int], Any] | None = None, memory: DeviceMemory | None = None,
                  limits: EngineLimits | None = None, graphs: bool = True,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, summary_context: Any = None) -> None:
         """``summary_context``: an execution context of the logits summary engine (normally opened from
         the bundle when ``specrt build`` made one); without it the logits are copied up whole."""
-        del threads, role  # TensorRT runs on the GPU; host threads are not its to set
+        del threads, role, low_memory  # TensorRT runs on the GPU; host threads and memory are not its to set
         self.entry, self.kv_dtype = entry, np.dtype(entry.dtype)
         self._engine: OpenEngine | None = None  # runtime and engine must outlive the contexts made from them
         self._summary_engine: OpenEngine | None = None
