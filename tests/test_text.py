@@ -58,3 +58,22 @@ def test_stop_strings_cut_where_the_whole_text_would(tokenizer):
             expected = text[:text.find(stop)] if stop in text else text
             assert streamed == expected == t.text
             assert tokenizer.decode(t.ids).startswith(expected)
+
+
+def test_a_sentencepiece_style_decoder_keeps_its_spaces_across_pieces():
+    """Metaspace decoders drop the leading space of what they decode alone: streamed pieces keep it."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    corpus = ["the quick brown fox jumps over the lazy dog", "speculative decoding keeps the target's text",
+              "a draft proposes and the target verifies"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"], show_progress=False))
+    rng = np.random.default_rng(2)
+    for text in corpus[:3]:
+        ids = tok.encode(text).ids
+        for _ in range(10):
+            t = _TextTracker(tok, ())
+            streamed = "".join(t.push(c) for c in _chunks(ids, rng)) + t.flush()
+            assert streamed == tok.decode(ids, skip_special_tokens=True) == t.text

@@ -41,15 +41,17 @@ def _check_gamma(gamma: int | str) -> int | str:
 class _TextTracker:
     """Incremental detokenisation with stop strings: emits only text that is final.
 
-    Each push decodes only the ids since the last complete piece plus the piece before it (decoders
-    such as SentencePiece's drop a leading space at the start of what they decode, so the previous
-    piece gives the new one its context): the work per push does not grow with the generation."""
+    The tokenizers library's own streaming decoder (``DecodeStream``) turns ids into text as they
+    come: one call per id, holding back ids that end inside a multi-byte character, with the previous
+    piece as context (decoders such as SentencePiece's drop a leading space at the start of what they
+    decode), so the work per push does not grow with the generation."""
 
     def __init__(self, tokenizer, stop: Sequence[str]) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.stream = DecodeStream(skip_special_tokens=True)
         self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] decode to the end of self.text: the context for what follows
-        self.read = 0
         self.emitted = 0
         self.text = ""
         self.stopped = False
@@ -59,13 +61,11 @@ class _TextTracker:
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        known = self._decode(self.ids[self.prefix:self.read])
-        longer = self._decode(self.ids[self.prefix:])
-        if len(longer) <= len(known) or longer.endswith("\ufffd"):
+        new = "".join(piece for piece in (self.stream.step(self.tokenizer, i) for i in ids) if piece)
+        if not new:
             return ""  # nothing new yet, or a multi-byte character is still incomplete
         searched_to = max(0, len(self.text) - max((len(s) - 1 for s in self.stop), default=0))
-        self.text += longer[len(known):]
-        self.prefix, self.read = self.read, len(self.ids)
+        self.text += new
         cut = min((i for i in (self.text.find(s, searched_to) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
             self.text, self.stopped = self.text[:cut], True
