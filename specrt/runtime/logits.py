@@ -55,6 +55,10 @@ _BRACKET_MAX_GROUPS = 512
 _MAX_CANDIDATE_SHARE = 0.125
 
 
+_ONE = np.ones(1)
+_ONE.flags.writeable = False
+
+
 class Dist:
     """A next-token distribution over ``vocab`` ids. ``ids`` (ascending int64) carry ``weights``
     (unnormalised) and every other id has probability 0; ``ids is None`` means the weights cover the
@@ -75,7 +79,9 @@ class Dist:
 
     @classmethod
     def point(cls, token: int, vocab: int) -> "Dist":
-        return cls(np.array([token], np.int64), np.ones(1), vocab)
+        d = cls.__new__(cls)  # every greedy row is one: skip the constructor's reductions
+        d.ids, d.weights, d.vocab, d.total, d._blocks = np.array([token], np.int64), _ONE, vocab, 1.0, None
+        return d
 
     @classmethod
     def from_probs(cls, probs: np.ndarray) -> "Dist":

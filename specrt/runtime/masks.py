@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 
+_ALL = np.ones(0, dtype=bool)  # grows; read-only views of it are the one-token masks
+
+
 def causal_mask(q_len: int, past_len: int) -> np.ndarray:
-    """Every new token sees the whole past and the new tokens up to itself (a chain)."""
+    """Every new token sees the whole past and the new tokens up to itself (a chain). Read-only."""
+    global _ALL
+    if q_len == 1:  # plain decoding's every step: a view, no allocation
+        if len(_ALL) <= past_len:
+            _ALL = np.ones(max(2 * len(_ALL), past_len + 1, 4096), dtype=bool)
+            _ALL.flags.writeable = False
+        return _ALL[:past_len + 1].reshape(1, 1, 1, past_len + 1)
     # key j is visible to new token i when j <= past_len + i: one comparison, no tril of a ones array
     return (np.arange(past_len + q_len) <= np.arange(past_len, past_len + q_len)[:, None])[None, None]
 
