@@ -105,10 +105,15 @@ def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
     return {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
 
 
-def graph_bytes(path: Path) -> int:
-    """A graph's bytes on disk: the .onnx file plus its external data (``<file>.data``), if any."""
+def graph_file_bytes(path: Path) -> tuple[int, int]:
+    """A graph's bytes on disk: (the .onnx file, its external data ``<file>.data`` or 0)."""
     data = path.with_name(path.name + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+    return path.stat().st_size, (data.stat().st_size if data.is_file() else 0)
+
+
+def graph_bytes(path: Path) -> int:
+    """A graph's bytes on disk: the .onnx file plus its external data, if any."""
+    return sum(graph_file_bytes(path))
 
 
 # The logits summary graph (specrt/data/logits_summary.onnx, built by specrt.export.summary_graph): what a

@@ -8,30 +8,36 @@ from click.testing import CliRunner
 import specrt
 from specrt.cli import main
 from specrt.runtime.backends import onnxruntime as ortb
-from specrt.runtime.backends.onnxruntime import DEFAULT_SESSION_FACTOR, default_session_bytes, plan_memory
+from specrt.runtime.backends.onnxruntime import SESSION_COPIES, default_session_bytes, plan_memory
 
 GB = 10**9
 
 
-def test_the_estimate_is_the_weights_times_the_copies_a_default_session_makes():
-    assert default_session_bytes(2 * GB, "float16") == 5 * GB  # fp16 read in + its fp32 copy
-    assert default_session_bytes(2 * GB, "float32") == 3 * GB  # the prepacked copy (+ the file's pages)
-    assert set(DEFAULT_SESSION_FACTOR) == {"float16", "float32"}
+def test_the_estimate_counts_the_copies_a_default_session_makes():
+    # fp16 external data: the fp32 copy (2) + the transient of the mapped original (0.3)
+    assert default_session_bytes(0, 10 * GB, "float16") == 23 * GB
+    # fp32 external data: the prepacked copy (1) + 0.3; in the .onnx file the original stays resident (+1)
+    assert default_session_bytes(0, 10 * GB, "float32") == 13 * GB
+    assert default_session_bytes(1 * GB, 0, "float32") == 2 * GB
+    assert default_session_bytes(1 * GB, 0, "float16") == 3 * GB
+    assert set(SESSION_COPIES) == {"float16", "float32"}
 
 
-@pytest.mark.parametrize("weights,dtype,available,low", [
-    (8 * GB, "float16", 18 * GB, True),    # 20 GB would not fit
-    (6 * GB, "float16", 18 * GB, False),   # 15 GB fits
-    (10 * GB, "float32", 18 * GB, False),  # 15 GB fits: fp32 gets no second full copy
-    (15 * GB, "float32", 18 * GB, True),
-    (6 * GB, "float32", 9 * GB, False),    # exactly the estimate: fits
-    (8 * GB, "float16", None, False),      # memory unknown (not Linux): the default
+@pytest.mark.parametrize("file,external,dtype,available,low", [
+    (0, 8 * GB, "float16", 18 * GB, True),        # 18.4 GB would not fit
+    (0, 7 * GB, "float16", 18 * GB, False),       # 16.1 GB fits
+    (0, 13 * GB, "float32", 18 * GB, False),      # 16.9 GB fits: fp32 gets no second full copy
+    (0, 15 * GB, "float32", 18 * GB, True),       # 19.5 GB
+    (2 * GB, 0, "float32", 4 * GB, False),        # exactly the estimate: fits
+    (2 * GB, 0, "float32", 4 * GB - 1, True),
+    (0, 8 * GB, "float16", None, False),          # memory unknown (not Linux): the default
 ])
-def test_auto_picks_the_low_memory_session_only_where_the_default_would_not_fit(weights, dtype, available, low):
-    plan = plan_memory(weights, dtype, available, None)
+def test_auto_picks_the_low_memory_session_only_where_the_default_would_not_fit(file, external, dtype, available,
+                                                                                low):
+    plan = plan_memory(file, external, dtype, available, None)
     assert plan.low_memory is low
     if low:  # one line, with the figures it was decided on
-        assert "\n" not in plan.reason and f"{weights / GB:.1f} GB of {dtype}" in plan.reason
+        assert "\n" not in plan.reason and f"{(file + external) / GB:.1f} GB of {dtype}" in plan.reason
         assert f"{available / GB:.1f} GB available" in plan.reason
     else:
         assert plan.reason == ""
@@ -40,8 +46,8 @@ def test_auto_picks_the_low_memory_session_only_where_the_default_would_not_fit(
 @pytest.mark.parametrize("forced", [True, False])
 def test_either_session_can_be_forced(forced):
     for available in (1, 100 * GB, None):
-        assert plan_memory(7 * GB, "float16", available, forced).low_memory is forced
-    assert plan_memory(1, "float16", 100 * GB, True).reason == "low-memory session: asked for"
+        assert plan_memory(0, 7 * GB, "float16", available, forced).low_memory is forced
+    assert plan_memory(1, 0, "float16", 100 * GB, True).reason == "low-memory session: asked for"
 
 
 def test_available_memory_reads_meminfo():

@@ -43,12 +43,15 @@ def choose_providers(available: list[str]) -> list[str]:
 _SMALL_HELPER_BYTES = 64 * 2**20
 
 
-# Peak anonymous memory of a default CPU session per byte of graph weights (.onnx + external data),
-# measured on Llama-3.2-1B dims, target alone / with draft and Python. fp16 (2.3 / 2.6): ONNX Runtime runs
-# fp16 MatMuls through Casts it inserts and constant-folds an fp32 copy of every weight, after reading the
-# fp16 ones in. fp32 (1.2 / 1.3): prepacking copies the weights; the originals stay page cache the kernel
-# can drop when they are external data (a graph in one .onnx file is read in: 2).
-DEFAULT_SESSION_FACTOR = {"float16": 2.5, "float32": 1.5}
+# A default CPU session's copies of the weights, per byte of the graph's: fp16 MatMuls run through Casts
+# that ONNX Runtime inserts and constant-folds into an fp32 copy of every weight (2); fp32 weights are
+# prepacked (1). The graph's own bytes stay resident when they are in the .onnx file (read in: 1), and
+# mostly not when they are external data (memory-mapped: page cache the kernel can drop once the copies
+# are made; 0.3 is the transient). Peak anonymous memory measured per byte of graph: Llama-3.2-1B dims
+# fp16 target 2.3 (external), its draft ~3 (in the file); fp32 1.2 and 2; Phi-3-mini dims, the whole
+# process: fp16 2.0, fp32 1.0.
+SESSION_COPIES = {"float16": 2.0, "float32": 1.0}
+IN_FILE, EXTERNAL = 1.0, 0.3
 
 
 @dataclass(frozen=True)
@@ -57,22 +60,25 @@ class MemoryPlan:
     reason: str  # one line: why this session is the low-memory one; "" for the default session
 
 
-def default_session_bytes(weight_bytes: int, dtype: str) -> int:
-    """What a default CPU session over ``weight_bytes`` of ``dtype`` weights is estimated to hold."""
-    return int(weight_bytes * DEFAULT_SESSION_FACTOR[dtype])
+def default_session_bytes(file_bytes: int, external_bytes: int, dtype: str) -> int:
+    """Estimated peak of a default CPU session over a graph with ``file_bytes`` in its .onnx file and
+    ``external_bytes`` of external data."""
+    copies = SESSION_COPIES[dtype] * (file_bytes + external_bytes)
+    return int(copies + IN_FILE * file_bytes + EXTERNAL * external_bytes)
 
 
-def plan_memory(weight_bytes: int, dtype: str, available: int | None, low_memory: bool | None) -> MemoryPlan:
+def plan_memory(file_bytes: int, external_bytes: int, dtype: str, available: int | None,
+                low_memory: bool | None) -> MemoryPlan:
     """``low_memory``: True/False force the session kind; None picks the low-memory one when the default
     would not fit in ``available`` bytes (None: unknown, so the default)."""
     if low_memory is not None:
         return MemoryPlan(low_memory, "low-memory session: asked for" if low_memory else "")
-    need = default_session_bytes(weight_bytes, dtype)
+    need = default_session_bytes(file_bytes, external_bytes, dtype)
     if available is None or need <= available:
         return MemoryPlan(False, "")
     gb = 1e9
-    return MemoryPlan(True, f"low-memory session: a default one would hold ~{need / gb:.1f} GB "
-                            f"({DEFAULT_SESSION_FACTOR[dtype]:g} x {weight_bytes / gb:.1f} GB of {dtype} weights), "
+    return MemoryPlan(True, f"low-memory session: a default one would hold ~{need / gb:.1f} GB for "
+                            f"{(file_bytes + external_bytes) / gb:.1f} GB of {dtype} weights, "
                             f"{available / gb:.1f} GB available")
 
 
@@ -153,8 +159,8 @@ class OrtDecoder:
 
         path = Path(bundle_dir) / entry.file
         on_cpu = choose_providers(ort.get_available_providers()) == ["CPUExecutionProvider"]
-        self.memory_plan = plan_memory(C.graph_bytes(path), entry.dtype, available_memory() if on_cpu else None,
-                                       low_memory)
+        self.memory_plan = plan_memory(*C.graph_file_bytes(path), entry.dtype,
+                                       available_memory() if on_cpu else None, low_memory)
         self.session = _session(path, threads, helper=role != "target", plan=self.memory_plan)
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
