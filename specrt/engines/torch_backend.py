@@ -188,7 +188,8 @@ class TorchDecoder:
         return self._eager(cache, input_ids, position_ids, mask)
 
     def _eager(self, cache, input_ids, position_ids, mask) -> DecoderOutput:
-        t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=self.device)  # noqa: E731
+        # copied (a few KB): the runtime's masks may be read-only views, which torch will not wrap
+        t = lambda a, dt: torch.tensor(a, dtype=dt, device=self.device)  # noqa: E731
         past_len, q_len = cache.length, len(input_ids)
         buffers = cache.buffers()
         logits, hidden, *new = self.wrapper(t(input_ids, torch.long)[None], t(position_ids, torch.long)[None],
