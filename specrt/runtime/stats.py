@@ -109,7 +109,7 @@ class GenerationStats:
     engine_s: float  # inside the target's and draft's forward calls
     host_s: float  # everything else: warping, sampling, acceptance, cache bookkeeping, detokenising
     host_ms_per_token: float  # host_s per generated token
-    d2h_bytes_per_target_pass: float  # logits + hidden rows copied from a GPU per target pass (0 on CPU)
+    d2h_bytes_per_target_pass: float  # hidden rows + logits or their summary from a GPU per target pass (0 on CPU)
     tokens_per_second: float
     # fraction of speculative steps whose accepted run reached depth d+1 (chains and trees alike)
     accepted_per_depth: list[float] = field(default_factory=list)
