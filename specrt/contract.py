@@ -133,6 +133,7 @@ SUMMARY_IDS = "top_ids"
 SUMMARY_LSE = "lse"
 SUMMARY_TOP_K = 64
 SUMMARY_BLOCK = 256  # ids per partial sum of the normaliser (see export/summary_graph.py)
+SUMMARY_ENGINE = "summary"  # its TensorRT engine's role in the manifest's engines (specrt build)
 
 
 def summary_graph_path() -> Path:

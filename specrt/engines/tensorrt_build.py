@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..contract import ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SUMMARY_LOGITS, SUMMARY_TOP_K, summary_graph_path
+from ..contract import (ATTENTION_MASK, INPUT_IDS, POSITION_IDS, SUMMARY_ENGINE, SUMMARY_LOGITS, SUMMARY_TOP_K,
+                        summary_graph_path)
 from ..errors import ConfigError, SpecrtError
 from ..manifest import ModelEntry
 
@@ -215,7 +216,7 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
     # The shipped summary graph (an absolute path: bundle / it is it): logits stay on the GPU.
     vocabs = [e.dims.vocab_size for e in manifest.models.values() if e.dims.vocab_size >= SUMMARY_TOP_K]
     if vocabs:
-        graphs["summary"] = (str(summary_graph_path()), summary_profiles(vocabs, opts))
+        graphs[SUMMARY_ENGINE] = (str(summary_graph_path()), summary_profiles(vocabs, opts))
     out = {}
     for role, (file, shapes) in graphs.items():
         key = engine_key(file_sha256(bundle / file), trt.__version__, sm, opts, shapes)

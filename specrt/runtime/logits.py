@@ -376,7 +376,8 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
         rest = max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit)
         err = rel_err * rest + len(logits) * 1.2e-38 * unit  # + ids that underflowed to 0
-        if float(w.sum()) < top_p * (float(w.sum()) + max(0.0, rest - err)):
+        block = float(w.sum())
+        if block < top_p * (block + max(0.0, rest - err)):
             continue  # surely lighter than top-p: widen the block
         keep = _top_p_decided(w, max(0.0, rest - err), rest + err, top_p)
         if keep is not None:
@@ -455,10 +456,14 @@ def overlap(p: Dist, q: Dist) -> float:
     return float(np.minimum(p.probs_of(ids), q.probs_of(ids)).sum())
 
 
+def _prob_bounds(p: Sequence[Dist], i: int, token: int) -> tuple[float, float] | None:
+    return p.prob_bounds(i, token) if isinstance(p, LogitRows) else None
+
+
 def exceeds(p: Sequence[Dist], i: int, token: int, bar: float) -> bool:
     """p[i](token) > bar, read from bounds on p(token) alone when a row left on a device gives them
     and they decide (the acceptance test of one drafted token: bar = u * q(token))."""
-    bounds = p.prob_bounds(i, token) if isinstance(p, LogitRows) else None
+    bounds = _prob_bounds(p, i, token)
     if bounds is not None:
         if bar < bounds[0]:
             return True
@@ -471,7 +476,7 @@ def acceptance_beta(p: Sequence[Dist], i: int, q: Dist, token: int) -> float:
     """beta of row i: sum_x min(p(x), q(x)) when p's row is on the host (or cheap to warp); for a row
     left on a device that verification read only at the drafted token, its one-sample estimate
     min(1, p(token) / q(token)), unbiased because the token was drawn from q (exact for a point q)."""
-    bounds = p.prob_bounds(i, token) if isinstance(p, LogitRows) else None
+    bounds = _prob_bounds(p, i, token)
     if bounds is None:
         return overlap(p[i], q)
     return min(1.0, 0.5 * (bounds[0] + bounds[1]) / q.prob(token))
@@ -482,23 +487,6 @@ def _sorted_top(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nda
     its own)."""
     order = np.lexsort((ids, -values))
     return ids[order], values[order]
-
-
-def _top_p_keep_bounded(p: np.ndarray, top_p: float, err: float) -> np.ndarray | None:
-    """:func:`_top_p_keep` when the probabilities are only known up to a common factor in
-    [e^-err, e^err] (a normaliser with an error bound): None when some id's mass before it lies
-    within that factor of top_p, so that the kept set depends on where in the bound the truth is."""
-    if not err:
-        return _top_p_keep(p, top_p)
-    order = np.argsort(-p, kind="stable")
-    sorted_p = p[order]
-    before = np.cumsum(sorted_p) - sorted_p
-    surely_kept = before < top_p * math.exp(-err)
-    if np.count_nonzero(surely_kept) != np.count_nonzero(before < top_p * math.exp(err)):
-        return None
-    keep = np.empty(len(p), bool)
-    keep[order] = surely_kept
-    return keep
 
 
 def warp_top(ids: np.ndarray, values: np.ndarray, lse: float | None, cfg: SamplingConfig, vocab: int,
@@ -522,13 +510,15 @@ def warp_top(ids: np.ndarray, values: np.ndarray, lse: float | None, cfg: Sampli
         return _kept_softmax(ids[keep][order], values[keep][order], cfg, vocab)
     if cfg.top_p < 1.0 and not cfg.top_k and lse is not None:
         keep = values > edge
-        ids, p = ids[keep], np.exp(values[keep].astype(np.float64) / cfg.temperature - lse)
-        if not p.sum() * math.exp(-lse_err) >= cfg.top_p:
-            return None  # the block may hold less than top-p of the mass
-        order = np.argsort(ids)
-        ids, p = ids[order], p[order]
-        kept = _top_p_keep_bounded(p, cfg.top_p, lse_err)
-        return None if kept is None else Dist(ids[kept], p[kept], vocab)
+        order = np.argsort(ids[keep])
+        ids, z = ids[keep][order], values[keep][order].astype(np.float64) / cfg.temperature
+        w = np.exp(z - z.max())  # the top's weight is 1
+        # The row's total in these units is exp(lse - z_max), known within a factor e^(+-lse_err); the
+        # block itself is part of it. None when that leaves the block's mass or its edge undecided.
+        total, block = math.exp(lse - z.max()), float(w.sum())
+        rest_lo = max(0.0, total * math.exp(-lse_err) - block)
+        kept = _top_p_decided(w, rest_lo, max(rest_lo, total * math.exp(lse_err) - block), cfg.top_p)
+        return None if kept is None else Dist(ids[kept], w[kept], vocab)
     return None  # every id keeps some mass: only the whole row decides
 
 
@@ -551,6 +541,7 @@ class LogitRows:
         self._count = len(logits) if logits is not None else count
         self._dists: dict[int, Dist] = {}
         self._argmax: np.ndarray | None = None
+        self._bounds: dict[tuple[int, int], tuple[float, float]] = {}  # (row, token) -> bounds on p(token)
         self._summary: tuple[np.ndarray, ...] | None = None  # device top-k ids, logits, log-sum-exp, its error
 
     def __len__(self) -> int:
@@ -584,10 +575,10 @@ class LogitRows:
                 return Dist.point(int(self._argmax[i]), self.vocab)
             return warp(self._row(i), cfg, self.vocab)  # the best id is a padded one: cut the row
         k = max(DEVICE_TOP_K, cfg.top_k + 1)
-        if (cfg.top_k or cfg.top_p < 1.0) and k <= (getattr(self.device, "max_k", None) or k):
+        if (cfg.top_k or cfg.top_p < 1.0) and k <= (self.device.max_k or k):
             ids, values, lse, err = self._top(k)
             # A padded row's normaliser counts ids the host row is cut to leave out: not this row's.
-            known = getattr(self.device, "width", self.vocab) <= self.vocab
+            known = self.device.width <= self.vocab
             found = warp_top(ids[i], values[i], float(lse[i]) if known else None, cfg, self.vocab, float(err[i]))
             if found is not None:
                 return found
@@ -599,13 +590,15 @@ class LogitRows:
         or had better be, warped whole (host rows, greedy, truncation: their summaries decide rows)."""
         cfg = self.sampling
         if (self.device is None or cfg.greedy or cfg.top_k or cfg.top_p < 1.0 or i in self._dists
-                or token >= self.vocab or getattr(self.device, "width", self.vocab) > self.vocab):
+                or token >= self.vocab or self.device.width > self.vocab):
             return None
-        ids, values, lse, err = self._top(DEVICE_TOP_K)
-        hit = np.flatnonzero(ids[i] == token)
-        z = float(values[i][hit[0]]) if hit.size else float(self.device.logit(self.first + i, token))
-        p = math.exp(z / cfg.temperature - float(lse[i]))
-        return p * math.exp(-float(err[i])), p * math.exp(float(err[i]))
+        if (i, token) not in self._bounds:  # asked twice a row: by the acceptance test and by beta
+            ids, values, lse, err = self._top(DEVICE_TOP_K)
+            hit = np.flatnonzero(ids[i] == token)
+            z = float(values[i][hit[0]]) if hit.size else float(self.device.logit(self.first + i, token))
+            p = math.exp(z / cfg.temperature - float(lse[i]))
+            self._bounds[i, token] = p * math.exp(-float(err[i])), p * math.exp(float(err[i]))
+        return self._bounds[i, token]
 
     def __getitem__(self, i: int) -> Dist:
         if i < 0:

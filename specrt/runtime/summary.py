@@ -36,6 +36,13 @@ def row_readers(memory: DeviceMemory, ptr: int, width: int
     return (lambda i: fetch(i * width, width)), (lambda i, token: fetch(i * width + token, 1))
 
 
+def summary_buffers(rows: int) -> dict[str, np.ndarray]:
+    """Host arrays for the summary graph's outputs over up to ``rows`` rows, by output name."""
+    k = C.SUMMARY_TOP_K
+    return {C.SUMMARY_VALUES: np.empty((rows, k), np.float32), C.SUMMARY_IDS: np.empty((rows, k), np.int32),
+            C.SUMMARY_LSE: np.empty(rows, np.float32)}
+
+
 def lse_error_bound(vocab: int, lse: np.ndarray, top_scaled: np.ndarray) -> np.ndarray:
     """A bound on |lse - the exact log-sum-exp of logits / T| for the summary graph's float32 result,
     per row, whatever order an engine sums in (``top_scaled``: the row's largest logit / T).

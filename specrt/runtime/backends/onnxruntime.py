@@ -20,7 +20,7 @@ from ...errors import BundleError
 from ...manifest import ModelEntry
 from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from ..kvcache import KVCache
-from ..summary import SummaryLogits, row_readers
+from ..summary import SummaryLogits, row_readers, summary_buffers
 from .base import DecoderOutput, register_backend
 
 
@@ -171,14 +171,15 @@ class OrtDecoder:
         self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
                           for i in range(entry.dims.num_layers)]
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
-        self._logits = np.empty((1, 0, entry.dims.vocab_size), np.float32)
-        self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
         if device_logits is None:
             device_logits = self.kv_device == "cuda"
         # TopK needs at least K ids per row; a vocabulary that small is copied whole anyway.
         self.summary = (_Summary(self.memory, self.kv_device, entry.dims.vocab_size)
                         if device_logits and self.memory is not None and entry.dims.vocab_size >= C.SUMMARY_TOP_K
                         else None)
+        # Host buffers for the outputs; no logits rows when they stay in device memory.
+        self._logits = np.empty((1, 0, 0 if self.summary else entry.dims.vocab_size), np.float32)
+        self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
 
     def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
         if self.memory is None:
@@ -187,7 +188,7 @@ class OrtDecoder:
 
     def _outputs(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
         if self._logits.shape[1] < q_len:  # grows to the longest prompt seen, then stays
-            self._logits = np.empty((1, q_len, self.entry.dims.vocab_size), np.float32)
+            self._logits = np.empty((1, q_len, self._logits.shape[2]), np.float32)
             self._hidden = np.empty((1, q_len, self.entry.dims.hidden_size), self.kv_dtype)
         return self._logits[:, :q_len], self._hidden[:, :q_len]
 
@@ -250,10 +251,7 @@ class _Summary:
         if q_len > self.capacity:
             self.capacity = max(q_len, 2 * self.capacity, 8)
             self.ptr = self.memory.malloc(self.capacity * self.vocab * 4)
-            k = C.SUMMARY_TOP_K
-            self._out = {C.SUMMARY_VALUES: np.empty((self.capacity, k), np.float32),
-                         C.SUMMARY_IDS: np.empty((self.capacity, k), np.int32),
-                         C.SUMMARY_LSE: np.empty(self.capacity, np.float32)}
+            self._out = summary_buffers(self.capacity)
         return self.ptr
 
     def rows(self, q_len: int) -> SummaryLogits:

@@ -24,12 +24,11 @@ from ...errors import ConfigError, ContextLengthError, SpecrtError
 from ...manifest import Manifest, ModelEntry, load_manifest
 from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
 from ..device import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
-from ..summary import SummaryLogits, row_readers
+from ..summary import SummaryLogits, row_readers, summary_buffers
 from .base import DecoderOutput, register_backend
 from .onnxruntime import OrtHeads
 
 PREFILL, VERIFY = 0, 1  # profile indices, in the order specrt.engines.tensorrt_build.profiles writes them
-SUMMARY_ROLE = "summary"  # the manifest's engine for the logits summary graph
 
 
 @dataclass(frozen=True)
@@ -368,8 +367,8 @@ class TrtDecoder:
         opened = open_engine(bundle_dir, manifest, role_of(manifest, entry))
         self._engine = opened
         summary = None
-        if SUMMARY_ROLE in manifest.engines and entry.dims.vocab_size >= C.SUMMARY_TOP_K:
-            self._summary_engine = open_engine(bundle_dir, manifest, SUMMARY_ROLE, opened.memory)
+        if C.SUMMARY_ENGINE in manifest.engines and entry.dims.vocab_size >= C.SUMMARY_TOP_K:
+            self._summary_engine = open_engine(bundle_dir, manifest, C.SUMMARY_ENGINE, opened.memory)
             summary = self._summary_engine.context(0)
         return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"]), summary
 
@@ -444,10 +443,7 @@ class _Summary:
 
     def __init__(self, context: Any, memory: DeviceMemory, vocab: int, max_rows: int) -> None:
         self.context, self.memory, self.vocab = context, memory, vocab
-        k = C.SUMMARY_TOP_K
-        self.host = {C.SUMMARY_VALUES: np.empty((max_rows, k), np.float32),
-                     C.SUMMARY_IDS: np.empty((max_rows, k), np.int32),
-                     C.SUMMARY_LSE: np.empty(max_rows, np.float32)}
+        self.host = summary_buffers(max_rows)
         self.ptrs = {name: memory.malloc(a.nbytes) for name, a in self.host.items()}
         self.inv_t = memory.malloc(4)
 
