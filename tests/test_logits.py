@@ -73,6 +73,67 @@ def test_top_p_decides_peaked_rows_from_a_bracket_and_others_from_one_exp_pass(m
         assert np.array_equal(np.flatnonzero(d.dense()), np.flatnonzero(probs_from_logits(row[None], cfg)[0]))
 
 
+def _top_p_paths(monkeypatch) -> list[str]:
+    """Record which way each large top-p row was decided: 'top' (its top's group alone), 'block' (the
+    bracket's groups read), 'exp' (the exp pass)."""
+    import specrt.runtime.logits as L
+
+    taken: list[str] = []
+    scan, exp_scaled = L._Groups._scan, L._exp_scaled
+    monkeypatch.setattr(L._Groups, "_scan", lambda self, *a: taken.append("block") or scan(self, *a))
+    monkeypatch.setattr(L, "_exp_scaled", lambda *a: taken.append("exp") or exp_scaled(*a))
+    return taken
+
+
+@pytest.mark.parametrize("v", [32_003, QWEN2_VOCAB])  # 32,003: the last 3 ids form a short group
+def test_top_p_keeps_the_top_alone_from_its_group_and_falls_through_on_ties(monkeypatch, v):
+    taken = _top_p_paths(monkeypatch)
+    rng = np.random.default_rng(v)
+    cfg = SamplingConfig(temperature=0.8, top_p=0.9)
+    floor = rng.standard_normal(v).astype(np.float32)
+    width = v // 8  # group c holds ids c, c + width, ... (and the short group the last v % 8 ids)
+    for top_at, tie_at, expect in ((v - 1, None, []), (v // 3, None, []),  # decided by the top's group alone
+                                   (v - 1, v - 2, ["block"]),  # a tie: the short group, or the next group
+                                   (v // 3, v // 3 - width, ["block"]),  # a tie in the top's own group
+                                   (v // 3, v // 3 + 5, ["block"])):  # a tie in another group
+        row = floor.copy()
+        row[top_at] = 30.0
+        if tie_at is not None:
+            row[tie_at] = 30.0
+        taken.clear()
+        d = warp(row, cfg, v)
+        ref = probs_from_logits(row[None], cfg)[0]
+        assert taken == expect, (top_at, tie_at, taken)
+        assert np.array_equal(np.flatnonzero(d.dense()), np.flatnonzero(ref))
+        np.testing.assert_allclose(d.dense(), ref, rtol=2e-6, atol=1e-12)
+    # The top holding top-p only just, and just not (by less than the bounds' 1e-4 inflation): its group
+    # alone cannot tell, more is read.
+    for lead in (np.log(0.9 * (v - 1) / 0.1) + 5e-5, np.log(0.9 * (v - 1) / 0.1) - 5e-5):
+        row = np.zeros(v, np.float32)
+        row[7] = np.float32(lead * 0.8)  # at T 0.8 the top weighs e^lead against v - 1 ids of weight 1
+        taken.clear()
+        kept = np.flatnonzero(warp(row, cfg, v).dense())
+        assert np.array_equal(kept, np.flatnonzero(probs_from_logits(row[None], cfg)[0]))
+        assert taken  # more than the top's group was read
+
+
+def test_top_p_skips_reading_a_bracket_its_unread_bounds_already_outweigh(monkeypatch):
+    """A top over a bell holding ~6 % of the row (the bench pair's hardest rows): a few groups reach
+    the bracket, but the groups below it bound more than a ninth of the row (their maxima weigh ~2.5x
+    their means), so the block cannot be shown to hold top-p: the exp pass decides, nothing is read
+    first."""
+    taken = _top_p_paths(monkeypatch)
+    rng = np.random.default_rng(5)
+    v = QWEN2_VOCAB
+    row = (rng.standard_normal(v) + np.log(0.06 / v) - 0.5).astype(np.float32)  # sum of e^z ~ 0.06
+    row[3] = 0.0
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9)
+    d = warp(row, cfg, v)
+    assert taken[:1] == ["exp"], taken
+    ref = probs_from_logits(row[None], cfg)[0]
+    assert ref[3] > 0.9 and np.array_equal(np.flatnonzero(d.dense()), [3])
+
+
 def test_vocab_width_differs_from_the_logits_row():
     rng = np.random.default_rng(1)
     row = logits_row("peaked", 100, rng)

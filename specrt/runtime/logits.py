@@ -8,8 +8,8 @@ and draws the same ids for the same uniforms, without [N, V] float64 rows on the
 - top-k is a partial selection, softmax over the k kept logits only;
 - top-p is exact (the sort-based kept set, ties broken by lower id) from a candidate block whose mass
   is checked to reach top-p; on a large vocabulary that check first runs on a bracket of the row's
-  total (one max pass over groups of 8 ids, no exp over the row), then on the total from one float32
-  exp pass within its error bound; an edge closer to top-p than that bound is decided on float64
+  total (one max pass over groups of 8 ids, no exp over the row: the top's group alone, then the
+  groups near the top), then on the total from one float32 exp pass within its error bound; an edge closer to top-p than that bound is decided on float64
   weights, and only a block too light for all that falls back to the full sort;
 - temperature alone keeps every id: one float32 exp over the row, and a two-level inverse CDF
   (block sums, then one block) instead of a cumulative sum over the whole vocabulary;
@@ -209,33 +209,28 @@ class _Groups:
     def _too_many(self, cols: np.ndarray) -> bool:
         return len(cols) * self.rows > _MAX_CANDIDATE_SHARE * len(self.logits)
 
-    def block(self, threshold, top, temperature: float) -> tuple[np.ndarray, float] | None:
-        """(ascending ids >= threshold, an upper bound of sum exp((z - top) / T) over all other ids).
+    def bounds(self, top, temperature: float) -> np.ndarray:
+        """A new float32 array: each group's bound on its ids' summed weight exp((z - top) / T), in
+        units of ``rows`` (its maximum's weight; the extra group's scaled to its size).
 
-        Groups whose maximum reaches the threshold are read: their ids below it count exactly. Every
-        other group counts as if all its ids weighed what its maximum weighs. None when so many groups
-        reach the threshold that reading them costs a pass over the row.
-
-        The weights are float32 (a float64 exp of ~19k maxima costs ~90 us, float32 ~10 us): the
-        exponent x = (z - top) / T <= 0 carries a relative error <= 2e-7, so exp(x) is off by a factor
-        <= exp(88 * 2e-7) while it is a normal float; the sum is inflated by 1e-4 and every id that
-        may have underflowed adds 1e-37, so the result is an upper bound of the exact sum."""
-        cols = np.flatnonzero(self.maxima >= threshold)
-        if self._too_many(cols) or len(cols) > _BRACKET_MAX_GROUPS:
-            return None
-        ids, below = self._scan(cols, threshold)
-        # 1/T capped where float32 would overflow (T < 1e-30): a smaller factor only raises the bound.
-        inv_t = np.float32(min(1.0 / temperature, 1e30))
+        Float32 (a float64 exp of ~19k maxima costs ~90 us, float32 ~10 us): the exponent
+        x = (z - top) / T <= 0 carries a relative error <= 2e-7, so exp(x) is off by a factor
+        <= exp(88 * 2e-7) while it is a normal float, and a float32 pairwise sum of them adds
+        < _SUM_ERR: callers inflate by 1e-4 and add 1e-37 per id that may have underflowed."""
         x = np.subtract(self.maxima, top)
-        x *= inv_t
+        x *= np.float32(min(1.0 / temperature, 1e30))  # capped where float32 overflows: only raises the bound
         np.exp(x, out=x)
-        x[cols] = 0.0  # read exactly below
         if self.n < len(self.logits):
             x[-1] *= np.float32((len(self.logits) - self.n) / self.rows)  # the extra group is smaller
-        b = np.subtract(below, top)
-        b *= inv_t
-        slack = float(x.sum(dtype=np.float64)) * self.rows + float(np.exp(b, out=b).sum(dtype=np.float64))
-        return ids, slack * (1.0 + 1e-4) + len(self.logits) * 1e-37
+        return x
+
+    def top_group(self, col: int) -> tuple[list[float], int]:
+        """(the logits of group ``col``, the id of its first largest one). Python floats: a handful of
+        values, for which numpy calls cost more than they compute."""
+        width = self.grid.shape[1]
+        values = (self.logits[self.n:] if col == width else self.grid[:, col]).tolist()
+        r = values.index(max(values))
+        return values, self.n + r if col == width else r * width + col
 
     def at_least(self, threshold) -> np.ndarray:
         """Ascending ids whose logit is >= threshold."""
@@ -331,42 +326,85 @@ def _top_p_exact(logits: np.ndarray, temperature: float, top_p: float, vocab: in
     return Dist(kept, p[kept], vocab)
 
 
+# A float32 pairwise sum (numpy's, in one call or chunks of 8192) of n <= 2^20 positive terms is off by
+# < 50 ulp of the exact sum (16 per 128-term leaf, 1 per halving, 1 per chunk).
+_SUM_ERR = 4e-6
+
+
+def _bracket_top_p(logits: np.ndarray, groups: _Groups, best: int, temperature: float, top_p: float,
+                   vocab: int) -> tuple[Dist | None, np.ndarray | None]:
+    """Top-p decided from the group maxima, with no exp over the row: (the Dist or None, the ids of
+    the block read, if one was).
+
+    First the top alone, its group read: most rows of a trained model keep only the top, and the other
+    groups' bounds show it in a few small steps (the real-vocabulary bench pair at T 0.8 top-p 0.9:
+    83 % keep one id; this decides 57 % of all rows). Then the block within _BRACKET_SPAN nats of the
+    top: the groups reaching it are read, every other group counts as if all its ids weighed what its
+    maximum weighs. None when that block is so wide that reading it costs a pass over the row, or
+    when the unread groups' bounds alone outweigh what the block could hold."""
+    top, rows, n = groups.maxima[best], groups.rows, len(logits)
+    unread = groups.bounds(top, temperature)
+    unread[best] = 0.0
+    values, top_id = groups.top_group(best)
+    # exp(0) = 1 exactly for the top: the rest of its group's weight (a tie makes it >= 1: undecided).
+    others = math.fsum(math.exp((z - float(top)) / temperature) for z in values) - 1.0
+    # Every bound (:meth:`_Groups.bounds`) inflated by 1e-4 and 1e-37 per id that may have underflowed.
+    if top_p * (1.0 + (float(unread.sum()) * rows + others) * (1.0 + 1e-4) + n * 1e-37) < 1.0 - 1e-9:
+        # Every other id has at least the top's probability before it, and that reaches top_p (the
+        # margin covers the reference's float64 rounding).
+        return Dist.point(top_id, vocab), None
+    threshold = top - np.float32(_BRACKET_SPAN * temperature)
+    cols = np.flatnonzero(groups.maxima >= threshold)
+    if groups._too_many(cols) or len(cols) > _BRACKET_MAX_GROUPS:
+        return None, None
+    near = float(unread[cols].sum(dtype=np.float64)) * rows
+    unread[cols] = 0.0
+    far = float(unread.sum()) * rows
+    # The block weighs at most 1 + others + near (within the bounds' 1e-4), and the slack is at least
+    # `far`: when that leaves the block short of top_p, reading it is wasted (the bench pair's bell rows).
+    if (1.0 + others + near) * (1.0 + 1e-4) * (1.0 - top_p) < top_p * far:
+        return None, None
+    ids, below = groups._scan(cols, threshold)
+    b = np.subtract(below, top)
+    b *= np.float32(min(1.0 / temperature, 1e30))
+    slack = (far + float(np.exp(b, out=b).sum(dtype=np.float64))) * (1.0 + 1e-4) + n * 1e-37
+    w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)  # the reference's weights
+    keep = _top_p_decided(w, 0.0, slack, top_p)
+    return (None if keep is None else Dist(ids[keep], w[keep], vocab)), ids
+
+
 def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int) -> Dist:
     """Top-p over a whole row, exact.
 
     Every id outside a candidate block {z >= max z - span} has lower probability than every id inside
     it, so it sorts after all of them and the mass before it is at least the block's mass: when the
     block holds top_p of the mass, nothing outside it is kept and the kept set is decided inside.
-    First try: the row's total bracketed by reading only the groups near the top and bounding the
-    rest by their maxima, no exp over the row (decides peaked rows, whose tail is far below the
-    top). Otherwise one float32 exp pass gives the total.
+    First try (a large vocabulary): the row's total bracketed by reading only the groups near the top
+    and bounding the rest by their maxima, no exp over the row (:func:`_bracket_top_p`; decides peaked
+    rows, whose tail is far below the top). Otherwise one float32 exp pass gives the total.
 
-    Real-vocabulary bench rows (benchmarks/real_vocab.py pair, T 0.8, top-p 0.9; ms per row, 2 busy
-    cores, interleaved): the bracket decides 81 % of them (232 of 288; before, with groups of 64 and
-    an 8-nat block: 32 %): 0.49 -> 0.22 (greedy's argmax: 0.07); the rest: 0.50 -> 0.53; mean 0.47 -> 0.32."""
+    Real-vocabulary bench rows (benchmarks/real_vocab.py pair, T 0.8, top-p 0.9), ms per row in the
+    decoding loop (caches cold after the engine's pass; greedy's argmax: 0.07): the top alone decides
+    57 % of them (0.20), the bracket 22 % (0.33), the exp pass the rest (0.67)."""
     large = len(logits) >= _BRACKET_MIN_VOCAB
     groups = _Groups(logits, _TOP_P_GROUP_ROWS if large else _GROUP_ROWS)
-    top = groups.maxima.max()
+    best = int(groups.maxima.argmax())  # the method: np.argmax's wrapper costs ~10 us cold
+    top = groups.maxima[best]
     bracket = top - np.float32(_BRACKET_SPAN * temperature)
-    found = groups.block(bracket, top, temperature) if large else None
-    if found is not None:
-        ids, slack = found
-        w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)  # the reference's weights
-        keep = _top_p_decided(w, 0.0, slack, top_p)
-        if keep is not None:
-            return Dist(ids[keep], w[keep], vocab)
+    found = None
+    if large:
+        dist, found = _bracket_top_p(logits, groups, best, temperature, top_p, vocab)
+        if dist is not None:
+            return dist
     e, offset = _exp_scaled(logits, top, temperature, _scratch(len(logits)))
     # Sums of e in units of the top's weight (the candidates' float64 weights are relative to the top).
     unit = float(np.exp(offset - float(top) / temperature))
-    # Summed in float64 (0.1 ms): the rest of the row's mass is then off by its weights' own error
-    # alone, relative to the rest, not to the row (a float32 sum's 1e-6 of the row undecided ~14 % of
-    # the real-vocabulary pair's top-p 0.95 rows).
-    every = float(e.sum(dtype=np.float64)) * unit
     rel_err = _exp_pass_error(offset, float(top) / temperature)
+    rest_base = None
     for span in _TOP_P_SPANS:
         threshold = top - np.float32(span * temperature)
         if found is not None and threshold >= bracket:  # inside the bracket's block: no group scan
-            ids = found[0][logits[found[0]] >= threshold]
+            ids = found[logits[found] >= threshold]
         else:
             ids = groups.at_least(threshold)
         if len(ids) > len(logits) // 2:
@@ -374,8 +412,15 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
         # The block in float64 (the reference's values), the rest of the row's mass from the float32
         # pass, within its error bound.
         w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)
-        rest = max(0.0, every - float(e[ids].sum(dtype=np.float64)) * unit)
-        err = rel_err * rest + len(logits) * 1.2e-38 * unit  # + ids that underflowed to 0
+        if rest_base is None:
+            # The first block's ids zeroed, then one float32 sum: the rest alone, off by _SUM_ERR of
+            # itself (a sum of the row minus the block's was off by ~1e-6 of the row, which undecided
+            # ~14 % of the bench pair's top-p 0.95 rows). Wider blocks take their new ids out of it.
+            e[ids] = 0.0
+            rest = rest_base = float(e.sum()) * unit
+        else:
+            rest = max(0.0, rest_base - float(e[ids].sum(dtype=np.float64)) * unit)
+        err = rel_err * rest + _SUM_ERR * rest_base + len(logits) * 1.2e-38 * unit  # + ids that underflowed
         block = float(w.sum())
         if block < top_p * (block + max(0.0, rest - err)):
             continue  # surely lighter than top-p: widen the block
