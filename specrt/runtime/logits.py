@@ -9,8 +9,9 @@ and draws the same ids for the same uniforms, without [N, V] float64 rows on the
 - top-p is exact (the sort-based kept set, ties broken by lower id) from a candidate block whose mass
   is checked to reach top-p; on a large vocabulary that check first runs on a bracket of the row's
   total (one max pass over groups of 8 ids, no exp over the row: the top's group alone, then the
-  groups near the top), then on the total from one float32 exp pass within its error bound; an edge closer to top-p than that bound is decided on float64
-  weights, and only a block too light for all that falls back to the full sort;
+  groups near the top), then on the total from one float32 exp pass within its error bound; an edge
+  closer to top-p than that bound is decided on float64 weights, and only a block too light for all
+  that falls back to the full sort;
 - temperature alone keeps every id: one float32 exp over the row, and a two-level inverse CDF
   (block sums, then one block) instead of a cumulative sum over the whole vocabulary;
 - :class:`LogitRows` warps a row only when asked, so verification never touches rows past the first
@@ -132,7 +133,7 @@ class Dist:
                 return int(self.ids[0])
             if len(self.ids) <= _SMALL_SUPPORT:
                 # The same sequential float64 sums as np.cumsum, in Python: on a few ids numpy's calls
-                # cost more than they compute (top-k 50 rows in the decoding loop: 54 -> 20 us).
+                # cost more than they compute (top-k 50 draws in the decoding loop: 64 -> 52 us).
                 j = bisect.bisect_right(list(itertools.accumulate(self.weights.tolist())), x)
             else:
                 j = np.searchsorted(np.cumsum(self.weights, dtype=np.float64), x, side="right")
