@@ -145,7 +145,8 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for r in range(repeats):
         for name, kw in SETTINGS.items():
-            cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, seed=r, **kw)
+            cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, seed=r,
+                              greedy_baseline=False, **kw)  # greedy is a setting of its own here
             result = run_bench(gen, prompts(), cfg, peers=peers)
             if peers:
                 result["ortgenai_tokens_per_second"] = result["peers"]["ortgenai"]["tokens_per_second"]

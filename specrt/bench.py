@@ -63,6 +63,9 @@ class BenchConfig:
     top_p: float = 1.0
     tree: TreeShape = TreeShape()
     seed: int = 0  # repeat r samples with seed + r
+    # With sampling: also greedy plain decoding in every repeat, right beside the sampled none run, so
+    # that what sampling costs is a ratio measured in one run (separate runs drift apart on a busy machine).
+    greedy_baseline: bool = True
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
@@ -89,7 +92,11 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
     peer_runs: dict[str, list[PeerRun]] = {p.name: [] for p in peers}
     outputs: dict[str, list[list[int]]] = {}
+    baseline = cfg.greedy_baseline and not sampling.greedy
+    greedy_runs: list[dict] = []
     for r in range(cfg.repeats):
+        if baseline and r % 2 == 0:  # before the sampled none run on even repeats, after it on odd ones
+            greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
         for method in cfg.methods:
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
@@ -101,6 +108,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             outputs.setdefault(method, [s.token_ids for s in stats])
             joules = sum(energy.end().values()) if energy is not None else None
             runs[method].append(_aggregate([s.stats for s in stats], joules))
+            if baseline and r % 2 == 1 and method == "none":
+                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
         for peer in peers:
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
@@ -136,8 +145,14 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             row["predicted_speedup"] = None
         if cfg.temperature == 0:
             row["greedy_matches_none"] = outputs[method] == outputs["none"]
+        if greedy_runs:  # each repeat's own ratio: its runs were neighbours in time
+            row["vs_greedy_none"] = statistics.median(x["tokens_per_second"] / g["tokens_per_second"]
+                                                      for x, g in zip(reps, greedy_runs))
         row.update(_traffic(row, method, costs, gen, bandwidth))
         result["methods"][method] = row
+    if greedy_runs:
+        result["greedy_baseline"] = {k: statistics.median(g[k] for g in greedy_runs)
+                                     for k in ("tokens_per_second", "host_ms_per_token", "target_pass_ms")}
     if bandwidth is not None:
         plain = result["methods"]["none"]
         result["roofline"] = {"device": bandwidth.device, "read_gbps": bandwidth.read_gbps,
@@ -154,6 +169,14 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], prompts, prompt_ids, result["methods"],
                                              outputs["none"] if cfg.temperature == 0 else None) for p in peers}
     return result
+
+
+def _greedy_none(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
+                 on_progress: Callable[[str], None] | None, r: int) -> dict:
+    """One repeat of greedy plain decoding over the prompts: the baseline a sampled run is measured against."""
+    if on_progress:
+        on_progress(f"repeat {r + 1}/{cfg.repeats} · none, greedy (the baseline)")
+    return _aggregate([gen.generate(p, max_new_tokens=cfg.max_new_tokens, method="none").stats for p in prompts])
 
 
 def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: list[list[int]], ours: dict,

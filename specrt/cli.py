@@ -305,6 +305,9 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--greedy-baseline/--no-greedy-baseline", default=True, show_default=True,
+              help="With sampling: also run greedy plain decoding in every repeat, beside the sampled none run, "
+                   "and report each method's tokens/s over it (what sampling costs, measured in one run).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 @click.option("--threads", type=int, default=None)
 @click.option("--compare", "compare", multiple=True, metavar="PEERS",
@@ -334,7 +337,8 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @_domain_errors
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
           max_new_tokens: int,
-          repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, json_out: str | None,
+          repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float, greedy_baseline: bool,
+          json_out: str | None,
           threads: int | None, compare: tuple[str, ...], hf_target: str | None, hf_draft: str | None,
           peer_precision: str | None, peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None,
           energy: bool, low_memory: bool | None) -> None:
@@ -343,7 +347,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the
     time split (draft / verify / prefill / host), the host work per generated token (everything
     outside the engines' forward calls) and, for greedy runs, whether every method produced the same
-    tokens as plain decoding. Sampling settings apply to every method alike, and to the peers of
+    tokens as plain decoding; for sampled runs, every method's tokens/s over greedy plain decoding's,
+    run beside it in each repeat. Sampling settings apply to every method alike, and to the peers of
     --compare, which decode from specrt's prompt ids; each method's tokens/s is reported over each peer's.
     ONNX Runtime GenAI's model is built once per checkpoint, precision and version, then cached.
 
@@ -373,7 +378,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     kinds = parse_kinds(compare)
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
-                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape))
+                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     from .bandwidth import Bandwidth
 

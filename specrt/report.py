@@ -57,20 +57,29 @@ def print_bench(result: dict) -> None:
                     f"median of {cfg['repeats']} · {cfg['provider']}", title_justify="left")
     # Bytes from a GPU per target pass: a column only where outputs left device memory at all.
     d2h = any(r.get("d2h_bytes_per_target_pass") for r in result["methods"].values())
-    for col in ("method", "tokens/s", "speedup", "tokens/pass", "alpha", "c", "verify cost", "predicted",
-                "draft/verify/other", "host ms/token", *(["D2H/pass"] if d2h else []), "= none"):
+    greedy = result.get("greedy_baseline")
+    for col in ("method", "tokens/s", "speedup", *(["vs greedy"] if greedy else []), "tokens/pass", "alpha",
+                "c", "verify cost", "predicted", "draft/verify/other", "host ms/token",
+                *(["D2H/pass"] if d2h else []), "= none"):
         t.add_column(col, justify="right")
     for method, r in result["methods"].items():
         split = f"{r['share_draft']:.0%}/{r['share_verify']:.0%}/{r['share_host']:.0%}"
         same = {True: "yes", False: "NO", None: "-"}[r.get("greedy_matches_none")]
         copied = [f"{r.get('d2h_bytes_per_target_pass', 0) / 1e3:.1f} KB"] if d2h else []
-        t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x",
+        vs_greedy = [f"{r['vs_greedy_none']:.2f}x"] if greedy else []
+        t.add_row(method, f"{r['tokens_per_second']:.1f}", f"{r['speedup_vs_none']:.2f}x", *vs_greedy,
                   f"{r['tokens_per_target_pass']:.2f}", _fmt(r["alpha"]), _fmt(r["c"]), f"{r['verify_cost']:.2f}",
                   _fmt(r["predicted_speedup"], ".2f"), split, _fmt(r.get("host_ms_per_token"), ".3f"), *copied, same)
     import sys
 
-    console = Console(width=None if sys.stdout.isatty() else 140)  # pipes and files get the whole table
+    console = Console(width=None if sys.stdout.isatty() else 160)  # pipes and files get the whole table
     console.print(t)
+    if greedy:
+        none = result["methods"]["none"]
+        console.print(f"vs greedy: each repeat's tokens/s over greedy plain decoding's, run beside it "
+                      f"({greedy['tokens_per_second']:.1f} tokens/s); what sampling costs plain decoding: host "
+                      f"{none['host_ms_per_token']:.3f} vs {greedy['host_ms_per_token']:.3f} ms/token, target "
+                      f"pass {none['target_pass_ms']:.2f} vs {greedy['target_pass_ms']:.2f} ms")
     console.print(roofline_table(result))
     roof = result.get("roofline")
     if roof:

@@ -17,6 +17,7 @@ def test_bench_figures_are_well_formed(generator):
     assert none["speedup_vs_none"] == 1.0 and none["tokens_per_target_pass"] == 1.0
     assert draft["speedup_vs_none"] == pytest.approx(draft["tokens_per_second"] / none["tokens_per_second"])
     assert all(r["greedy_matches_none"] for r in res["methods"].values())
+    assert "greedy_baseline" not in res and "vs_greedy_none" not in none  # greedy runs are their own baseline
     assert 0 <= draft["alpha"] <= 1 and draft["c"] > 0 and draft["verify_cost"] > 0
     assert none["verify_cost"] == 1.0 and none["predicted_speedup"] is None
     assert draft["predicted_speedup"] == pytest.approx(
@@ -84,10 +85,20 @@ def test_bench_samples_with_truncation_and_reports_host_time(close_bundle, tmp_p
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert (data["config"]["top_k"], data["config"]["top_p"], data["config"]["temperature"]) == (20, 0.9, 0.8)
+    greedy = data["greedy_baseline"]  # greedy plain decoding, run beside the sampled none run
+    assert greedy["tokens_per_second"] > 0 and 0 < greedy["host_ms_per_token"] < data["methods"]["none"]["host_ms_per_token"]
     for row in data["methods"].values():
         assert 0 < row["host_ms_per_token"] < 1000 / row["tokens_per_second"]  # a part of each token's time
         assert 0 < row["share_engine"] < 1 and row["d2h_bytes_per_target_pass"] == 0  # CPU: no copies
         assert "greedy_matches_none" not in row
+        # One repeat: its ratio is the repeat's own, not a ratio of the medians of separate runs.
+        assert row["vs_greedy_none"] == pytest.approx(row["tokens_per_second"] / greedy["tokens_per_second"])
     assert "top-k 20 top-p 0.9" in res.output and "host ms/token" in res.output
+    assert "vs greedy" in res.output and "what sampling costs plain decoding" in res.output
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none", "--max-new-tokens",
+                                    "4", "--repeats", "1", "--temperature", "0.8", "--no-greedy-baseline",
+                                    "--json", str(out)])
+    assert res.exit_code == 0 and "vs greedy" not in res.output, res.output
+    assert "greedy_baseline" not in json.loads(out.read_text())
     res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--top-p", "1.5"])
     assert res.exit_code == 1 and "top_p must be in (0, 1]" in res.output

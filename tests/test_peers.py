@@ -89,7 +89,10 @@ def test_run_bench_interleaves_peers_with_the_bench_settings(gen):
     res = run_bench(gen, builtin_prompts("code")[:2], cfg, on_progress=log.append, peers=[rec])
     s = SamplingConfig(0.7, 3, 0.9)
     assert rec.calls == [(1, 8, s, 10), (2, 5, s, 10), (2, 5, s, 11)]  # warm-up, then seed + repeat as specrt
-    assert log == ["repeat 1/2 · none", "repeat 1/2 · rec", "repeat 2/2 · none", "repeat 2/2 · rec"]
+    # The greedy baseline of a sampled bench runs beside the sampled none run: before it, then after it.
+    greedy = "none, greedy (the baseline)"
+    assert log == [f"repeat 1/2 · {greedy}", "repeat 1/2 · none", "repeat 1/2 · rec",
+                   "repeat 2/2 · none", f"repeat 2/2 · {greedy}", "repeat 2/2 · rec"]
     row = res["peers"]["rec"]
     assert row["tokens_per_second"] == pytest.approx(1000) and "greedy_matches_none" not in row
     assert row["prompt_ids_equal"] == 1.0
