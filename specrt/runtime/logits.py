@@ -227,9 +227,7 @@ class _Groups:
         x = (z - top) / T <= 0 carries a relative error <= 2e-7, so exp(x) is off by a factor
         <= exp(88 * 2e-7) while it is a normal float, and a float32 pairwise sum of them adds
         < _SUM_ERR: callers inflate by 1e-4 and add 1e-37 per id that may have underflowed."""
-        x = np.subtract(self.maxima, top)
-        x *= np.float32(min(1.0 / temperature, 1e30))  # capped where float32 overflows: only raises the bound
-        np.exp(x, out=x)
+        x = _weights32(self.maxima, top, temperature)
         if self.n < len(self.logits):
             x[-1] *= np.float32((len(self.logits) - self.n) / self.rows)  # the extra group is smaller
         return x
@@ -313,6 +311,14 @@ def _top_p_decided(w: np.ndarray, rest_lo: float, rest_hi: float, top_p: float) 
     return None if np.count_nonzero(before < hi) != np.count_nonzero(keep) else np.sort(order[keep])
 
 
+def _weights32(values: np.ndarray, top, temperature: float) -> np.ndarray:
+    """exp((values - top) / T) in a new float32 array, for upper bounds: 1/T is capped where float32
+    would overflow (T < 1e-30), and a smaller factor only raises the weights of values below the top."""
+    x = np.subtract(values, top)
+    x *= np.float32(min(1.0 / temperature, 1e30))
+    return np.exp(x, out=x)
+
+
 def _exp_pass_error(offset: float, scaled_top: float) -> float:
     """A bound on the relative error of every weight of :func:`_exp_scaled` that did not underflow:
     its exponent x was rounded twice in float32 (2^-23 |x|, with |x| <= |x_top| + 67 where x_top is
@@ -341,10 +347,10 @@ def _top_p_exact(logits: np.ndarray, temperature: float, top_p: float, vocab: in
 _SUM_ERR = 4e-6
 
 
-def _bracket_top_p(logits: np.ndarray, groups: _Groups, best: int, temperature: float, top_p: float,
+def _bracket_top_p(logits: np.ndarray, groups: _Groups, best: int, bracket, temperature: float, top_p: float,
                    vocab: int) -> tuple[Dist | None, np.ndarray | None]:
     """Top-p decided from the group maxima, with no exp over the row: (the Dist or None, the ids of
-    the block read, if one was).
+    the block read, if one was: those at or above ``bracket``).
 
     First the top alone, its group read: most rows of a trained model keep only the top, and the other
     groups' bounds show it in a few small steps (the real-vocabulary bench pair at T 0.8 top-p 0.9:
@@ -364,8 +370,7 @@ def _bracket_top_p(logits: np.ndarray, groups: _Groups, best: int, temperature: 
         # Every other id has at least the top's probability before it, and that reaches top_p (the
         # margin covers the reference's float64 rounding).
         return Dist.point(top_id, vocab), None
-    threshold = top - np.float32(_BRACKET_SPAN * temperature)
-    cols = np.flatnonzero(groups.maxima >= threshold)
+    cols = np.flatnonzero(groups.maxima >= bracket)
     if groups._too_many(cols) or len(cols) > _BRACKET_MAX_GROUPS:
         return None, None
     near = float(unread[cols].sum(dtype=np.float64))
@@ -375,10 +380,8 @@ def _bracket_top_p(logits: np.ndarray, groups: _Groups, best: int, temperature: 
     # `far`: when that leaves the block short of top_p, reading it is wasted (the bench pair's bell rows).
     if (1.0 + others + near * rows) * (1.0 + 1e-4) * (1.0 - top_p) < top_p * far:
         return None, None
-    ids, below = groups._scan(cols, threshold)
-    b = np.subtract(below, top)
-    b *= np.float32(min(1.0 / temperature, 1e30))
-    slack = (far + float(np.exp(b, out=b).sum(dtype=np.float64))) * (1.0 + 1e-4) + n * 1e-37
+    ids, below = groups._scan(cols, bracket)
+    slack = (far + float(_weights32(below, top, temperature).sum(dtype=np.float64))) * (1.0 + 1e-4) + n * 1e-37
     w = np.exp((logits[ids].astype(np.float64) - float(top)) / temperature)  # the reference's weights
     keep = _top_p_decided(w, 0.0, slack, top_p)
     return (None if keep is None else Dist(ids[keep], w[keep], vocab)), ids
@@ -404,7 +407,7 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
     bracket = top - np.float32(_BRACKET_SPAN * temperature)
     found = None
     if large:
-        dist, found = _bracket_top_p(logits, groups, best, temperature, top_p, vocab)
+        dist, found = _bracket_top_p(logits, groups, best, bracket, temperature, top_p, vocab)
         if dist is not None:
             return dist
     e, offset = _exp_scaled(logits, top, temperature, _scratch(len(logits)))
