@@ -95,9 +95,10 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     baseline = cfg.greedy_baseline and not sampling.greedy
     greedy_runs: list[dict] = []
     for r in range(cfg.repeats):
-        if baseline and r % 2 == 0:  # before the sampled none run on even repeats, after it on odd ones
-            greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
         for method in cfg.methods:
+            beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
+            if beside and r % 2 == 0:
+                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             if energy is not None:
@@ -108,7 +109,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             outputs.setdefault(method, [s.token_ids for s in stats])
             joules = sum(energy.end().values()) if energy is not None else None
             runs[method].append(_aggregate([s.stats for s in stats], joules))
-            if baseline and r % 2 == 1 and method == "none":
+            if beside and r % 2 == 1:
                 greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
         for peer in peers:
             if on_progress:
