@@ -73,9 +73,9 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     import specrt
-    from specrt.bench import builtin_prompts
-    from specrt.manifest import load_manifest
-    from specrt.peers.ortgenai import BuildSpec, OrtGenaiPeer, build_model
+    from specrt.bundle.manifest import load_manifest
+    from specrt.data import prompts as builtin_prompts
+    from specrt.measure.peers.ortgenai import BuildSpec, OrtGenaiPeer, build_model
     from specrt.runtime.sampling import SamplingConfig
 
     prompts = builtin_prompts("code")

@@ -9,7 +9,7 @@
 2. ``specrt bench`` figures of the exported pair (none and draft) for greedy, T 1.0, T 0.8 top-p 0.9 and
    T 0.8 top-k 50, one run: sampled tokens/s over greedy tokens/s, and host time per generated token.
 3. ``--ortgenai``: ONNX Runtime GenAI plain decoding of the same Hugging Face target (its own model
-   builder, fp32, CPU; ``specrt.peers.ortgenai``), same prompt ids and settings, inside specrt's runs.
+   builder, fp32, CPU; ``specrt.measure.peers.ortgenai``), same prompt ids and settings, inside specrt's runs.
 4. ``--device-logits``: what a GPU backend brings up per target pass when its logits stay in device
    memory and are read through the logits summary graph, against copying every row (as before). The
    ONNX Runtime backend's own device-logits path runs here on a host stand-in of device memory
@@ -48,7 +48,7 @@ def trained_like_logits(rng: np.random.Generator, v: int, rows: int) -> np.ndarr
 
 
 def step_work_ms(v: int, settings: dict, repeats: int = 15) -> dict[str, float]:
-    from specrt.runtime.logits import LogitRows
+    from specrt.runtime.rows import LogitRows
     from specrt.runtime.sampling import SamplingConfig, probs_from_logits, sample
     from specrt.runtime.verify import accept_chain, verify_chain
 
@@ -127,7 +127,7 @@ def build_pair(work: Path, hidden: int, layers: int, entropy: float) -> tuple[Pa
 
 
 def prompts() -> list[str]:
-    from specrt.bench import builtin_prompts
+    from specrt.data import prompts as builtin_prompts
 
     return builtin_prompts("code")
 
@@ -137,8 +137,8 @@ def bench_pair(bundle: Path, max_new_tokens: int, repeats: int, threads: int | N
     """Every setting and method (and ONNX Runtime GenAI) once per repeat, interleaved, so drift of the
     machine hits all alike; medians over repeats."""
     import specrt
-    from specrt.bench import BenchConfig, run_bench
-    from specrt.peers.ortgenai import OrtGenaiPeer
+    from specrt.measure.bench import BenchConfig, run_bench
+    from specrt.measure.peers.ortgenai import OrtGenaiPeer
 
     gen = specrt.load(bundle, threads=threads)
     peers = [OrtGenaiPeer(ortgenai_model, threads=threads)] if ortgenai_model else []
@@ -175,7 +175,7 @@ def device_logits_bytes(bundle: Path, max_new_tokens: int) -> dict:
     """Per setting and method: bytes per target pass through the summary, bytes if every row of logits
     were copied (Q rows of 4 V bytes a pass), and the share of the rows read that needed a whole row."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from fake_device import HostMemory
+    from support.fake_device import HostMemory
 
     import specrt
     from specrt.runtime.backends import base
@@ -225,7 +225,7 @@ def device_logits_bytes(bundle: Path, max_new_tokens: int) -> dict:
 def build_ortgenai(target: Path, work: Path, precision: str = "fp32") -> Path:
     """ONNX Runtime GenAI's own model builder on the same checkpoint (CPU, at ``precision`` with the
     builder's default options); cached under ``work/peers``."""
-    from specrt.peers.ortgenai import BuildSpec, build_model
+    from specrt.measure.peers.ortgenai import BuildSpec, build_model
 
     return build_model(target, BuildSpec(precision), work / "peers", on_progress=None).path
 

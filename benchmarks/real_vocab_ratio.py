@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import specrt
-    from specrt.bench import builtin_prompts
+    from specrt.data import prompts as builtin_prompts
 
     gen = specrt.load(args.bundle)
     prompts = builtin_prompts("code")

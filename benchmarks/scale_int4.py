@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from specrt import load
-from specrt.bandwidth import host_bandwidth
-from specrt.bench import BenchConfig, builtin_prompts, make_peers, run_bench
+from specrt.data import prompts as builtin_prompts
 from specrt.export import quantize as q
+from specrt.measure.bandwidth import host_bandwidth
+from specrt.measure.bench import BenchConfig, make_peers, run_bench
 
 
 def int4_bundle(fp32: Path, out: Path) -> Path:

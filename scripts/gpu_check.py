@@ -13,7 +13,7 @@ machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
    logits left on the GPU: sampled tokens == the copy-everything path, seed for seed; device-to-host
    bytes per target pass both ways;
 4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
-4b. GPU memory bandwidth (specrt.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
+4b. GPU memory bandwidth (specrt.measure.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
 5. TensorRT, when importable: engines built and greedy parity.
 
 Exit status 1 if any check FAILED (a SKIP is not a failure).
@@ -91,7 +91,7 @@ def environment() -> tuple[str, dict]:
 def build_pair(work: Path) -> Path:
     """The tests' tiny Llama pair (a close draft: perturbed MLP), exported fp32."""
     import torch
-    from models import save_pair
+    from support.models import save_pair
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specrt.export.bundle import export_bundle
@@ -110,8 +110,8 @@ def build_pair(work: Path) -> Path:
 
 
 def kv_cache_check(bundle: Path) -> dict:
-    from specrt.manifest import load_manifest
-    from specrt.runtime.device import CudaMemory, DeviceKVCache
+    from specrt.bundle.manifest import load_manifest
+    from specrt.runtime.backends.cuda import CudaMemory, DeviceKVCache
     from specrt.runtime.kvcache import KVCache
 
     dims = load_manifest(bundle).target.dims
@@ -147,7 +147,7 @@ def _sync() -> None:
 
 def torch_generator(bundle: Path, **options):
     import specrt
-    from specrt.engines.torch_backend import TorchDecoder
+    from specrt.export.torch_backend import TorchDecoder
 
     gen = specrt.load(bundle, backend="torch")
     for role, entry in gen.manifest.models.items():
@@ -189,8 +189,8 @@ def sampled_parity(bundle: Path) -> dict:
 
 
 def verify_latency(bundle: Path) -> dict:
-    from specrt.engines.torch_backend import TorchDecoder
-    from specrt.manifest import load_manifest
+    from specrt.bundle.manifest import load_manifest
+    from specrt.export.torch_backend import TorchDecoder
     from specrt.runtime.masks import causal_mask
 
     entry = load_manifest(bundle).target
@@ -222,7 +222,7 @@ def verify_latency(bundle: Path) -> dict:
 def gpu_bandwidth() -> dict:
     from dataclasses import asdict
 
-    from specrt.bandwidth import cuda_bandwidth
+    from specrt.measure.bandwidth import cuda_bandwidth
 
     return asdict(cuda_bandwidth(array_bytes=2 * 2**30))
 
@@ -233,7 +233,7 @@ def tensorrt_check(bundle: Path, ref) -> tuple[str, dict]:
     if not _trt_available():
         return "SKIP", {"reason": "tensorrt or cuda-python is not importable"}
     import specrt
-    from specrt.engines.tensorrt_build import BuildOptions, build_bundle_engines
+    from specrt.export.tensorrt import BuildOptions, build_bundle_engines
 
     work = Path(tempfile.mkdtemp()) / "bundle"
     shutil.copytree(bundle, work)
@@ -278,7 +278,7 @@ def main() -> int:
                            lambda: greedy_parity(torch_generator(bundle, use_graphs=True), ref))
             report.run("torch CUDA logits on the GPU: sampled == copied", lambda: sampled_parity(bundle))
             report.run("torch verify latency, CUDA graph vs eager", lambda: verify_latency(bundle))
-            if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.bandwidth)
+            if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.measure.bandwidth)
                 report.run("GPU memory bandwidth probe (torch CUDA)", gpu_bandwidth)
         else:
             for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency",

@@ -93,8 +93,8 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
                                    "pip install torch==2.13.0 && pip install 'specrt[export]'") from None
     from transformers.utils import logging as hf_logging
 
-    from .logit_parity import describe as describe_parity
-    from .progress import RichReporter
+    from .bundle.parity import describe as describe_parity
+    from .export.progress import RichReporter
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     dtypes = {"fp32": "float32", "fp16": "float16"}
@@ -279,7 +279,7 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         click.echo()
         result = gen.last_result
     if stats:
-        from .report import print_stats
+        from .measure.report import print_stats
 
         measured = None
         if baseline and method != "none":
@@ -369,10 +369,10 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     import json
 
     from . import load
-    from .bench import BenchConfig, builtin_prompts, make_peers, read_prompts, run_bench
-    from .peers import parse_kinds
-    from .report import print_bench
-
+    from .data import prompts as builtin_prompts
+    from .measure.bench import BenchConfig, make_peers, read_prompts, run_bench
+    from .measure.peers import parse_kinds
+    from .measure.report import print_bench
     from .runtime.tree import TreeShape
 
     kinds = parse_kinds(compare)
@@ -380,7 +380,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
                       top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
-    from .bandwidth import Bandwidth
+    from .measure.bandwidth import Bandwidth
 
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
     gen = load(bundle, threads=threads, low_memory=low_memory)
@@ -404,7 +404,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
 
 def _probe_for(provider: str, notes: list[str], status):
     """The bandwidth probe that fits the backend, or None with a note saying why it could not run."""
-    from .bandwidth import ProbeUnavailable, measure
+    from .measure.bandwidth import ProbeUnavailable, measure
 
     status.update("measuring memory bandwidth…")
     try:
@@ -416,7 +416,7 @@ def _probe_for(provider: str, notes: list[str], status):
 
 def _energy_meter(notes: list[str]):
     """An EnergyMeter over every readable source, or None; why the others are missing goes into notes."""
-    from .energy import EnergyMeter, find_sources
+    from .measure.energy import EnergyMeter, find_sources
 
     found = find_sources()
     notes += [f"energy: {n}" for n in found.notes]
@@ -515,14 +515,14 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
     from rich.console import Console
     from rich.table import Table
 
-    from .plan import bundle_mu, measure, oracle_line, plan_table, plot
+    from .measure.plan import bundle_mu, measure, oracle_line, plan_table, plot
 
     mu_note = None
     if bundle is not None or demo:
         if alpha is not None or c is not None:
             raise click.UsageError("give either --alpha/--c or --bundle, not both")
         from . import load
-        from .bench import builtin_prompts
+        from .data import prompts as builtin_prompts
 
         gen = load(bundle)
         m = measure(gen, builtin_prompts("code"), temperature=temperature)
@@ -574,9 +574,9 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
     - the draft pays for itself: best predicted speedup at the measured α and c above 1
       (a draft with a shifted vocabulary cannot change the output, only this figure).
     """
-    from .bench import builtin_prompts
-    from .checks import verify_bundle
     from . import load
+    from .check.verify import verify_bundle
+    from .data import prompts as builtin_prompts
 
     if samples < 10:
         raise click.BadParameter("use at least 10 samples", param_hint="--samples")
@@ -625,9 +625,14 @@ def build(bundle: str | None, precision: str | None, max_context: int | None, ma
     import os
     from pathlib import Path
 
+    from .bundle.manifest import load_manifest
     from .demo import bundle_path
-    from .engines.tensorrt_build import BuildOptions, build_bundle_engines, jetson_defaults, require_tensorrt
-    from .manifest import load_manifest
+    from .export.tensorrt import (
+        BuildOptions,
+        build_bundle_engines,
+        jetson_defaults,
+        require_tensorrt,
+    )
 
     bundle_dir = Path(bundle) if bundle else bundle_path()
     max_context = max_context or load_manifest(bundle_dir).max_context
@@ -705,7 +710,8 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         -d '{"model": "specrt-demo", "prompt": "def fib(n):", "max_tokens": 64, "stream": true}'
     """
     try:
-        from .serve import ServeConfig, run as serve_forever
+        from .serve import ServeConfig
+        from .serve import run as serve_forever
     except ImportError as e:
         missing = (e.name or "a dependency").split(".")[0]  # the package to install, not its submodule
         raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
@@ -742,7 +748,7 @@ def doctor(as_json: bool, bandwidth: bool, bandwidth_mb: int | None) -> None:
     import json
     from dataclasses import asdict
 
-    from .doctor import diagnose
+    from .check.doctor import diagnose
 
     if bandwidth_mb is not None and not bandwidth:
         raise click.UsageError("--bandwidth-mb needs --bandwidth")
@@ -780,7 +786,7 @@ def _bandwidth_probes(array_bytes: int | None) -> list[dict]:
     """Host and GPU bandwidth, each as a dict; a probe that cannot run says why instead."""
     from dataclasses import asdict
 
-    from .bandwidth import ProbeUnavailable, cuda_bandwidth, host_bandwidth
+    from .measure.bandwidth import ProbeUnavailable, cuda_bandwidth, host_bandwidth
 
     out = [asdict(host_bandwidth(array_bytes))]
     try:

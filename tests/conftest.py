@@ -8,7 +8,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from models import CHAT_TEMPLATE, FACTORIES, make_tokenizer, save_model, save_pair  # noqa: E402
+from support.models import (  # noqa: E402
+    CHAT_TEMPLATE,
+    FACTORIES,
+    make_tokenizer,
+    save_model,
+    save_pair,
+)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,19 @@
+"""Data that ships with specrt: the prompt sets (export's quality gates and bench both read them) and the
+logits summary graph GPU backends run."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from ..errors import ConfigError
+
+
+def prompts(kind: str = "code") -> list[str]:
+    """The prompt sets that ship with specrt: "code", "prose" or "all"."""
+    data = json.loads(resources.files(__name__).joinpath("prompts.json").read_text())
+    if kind == "all":
+        return data["code"] + data["prose"]
+    if kind not in data:
+        raise ConfigError(f"unknown prompt set {kind!r}; choose code, prose or all")
+    return data[kind]

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..contract import ModelDims
+from ..bundle.contract import ModelDims
 from ..errors import UnsupportedArchitectureError
 
 _REGISTRY: dict[str, type["DecoderAdapter"]] = {}

@@ -10,17 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES
+from ..bundle.contract import DTYPES
+from ..bundle.files import graph_cost
+from ..bundle.manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry, id_set
+from ..bundle.parity import PARITY_TOLERANCE
 from ..errors import ChatTemplateError, ConfigError
-from ..logit_parity import PARITY_TOLERANCE
-from ..manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry, id_set
-from ..progress import Reporter, SilentReporter
-from ..roofline import graph_cost
 from .architectures import adapter_for
 from .isolation import run_isolated
-from .loading import load_causal_lm, load_config, load_generation_config, load_tokenizer, resolve_source
+from .loading import (
+    load_causal_lm,
+    load_config,
+    load_generation_config,
+    load_tokenizer,
+    resolve_source,
+)
 from .onnx_export import EXPORTERS, export_decoder
 from .parity import ParityCases, check_parity, golden_logits, reference_logits
+from .progress import Reporter, SilentReporter
 from .staging import check_output as _check_output
 from .staging import publish, staging_folder
 from .vocab import compare_vocab

@@ -25,7 +25,7 @@ import traceback
 from typing import Any, BinaryIO, Callable, Iterator
 
 from ..errors import ExportProcessError, SpecrtError
-from ..progress import Reporter
+from .progress import Reporter
 
 
 class _PipeReporter:

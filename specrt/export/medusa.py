@@ -227,7 +227,6 @@ def export_heads(heads: MedusaHeads, path: Path, hidden_dtype: torch.dtype, topk
     import onnxruntime as ort
 
     from ..errors import ParityError
-
     from .onnx_export import quiet_tracer
 
     graph = MedusaTopK(heads.to(hidden_dtype), topk)

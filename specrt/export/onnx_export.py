@@ -10,7 +10,7 @@ from typing import Iterator
 
 import torch
 
-from .. import contract as C
+from ..bundle import contract as C
 from .architectures import DecoderAdapter, DecoderWrapper
 
 EXPORTERS = ("dynamo", "torchscript")

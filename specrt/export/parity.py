@@ -17,9 +17,15 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .. import contract as C
+from ..bundle import contract as C
+from ..bundle.parity import (
+    PARITY_TOLERANCE,
+    ParityTolerance,
+    compare_logits,
+    row_scale,
+    within,
+)
 from ..errors import ParityError
-from ..logit_parity import PARITY_TOLERANCE, ParityTolerance, compare_logits, row_scale, within
 from ..runtime.backends.onnxruntime import low_memory_options
 from ..runtime.masks import causal_mask, tree_mask
 

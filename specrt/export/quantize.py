@@ -17,22 +17,21 @@ from typing import Callable
 
 import numpy as np
 
-from .. import contract as C
+from ..bundle import contract as C
+from ..bundle.files import graph_cost
+from ..bundle.manifest import Manifest, load_manifest
+from ..bundle.parity import decisive as decisive_rows
+from ..bundle.parity import row_kl
 from ..errors import ConfigError, SpecrtError
-from ..logit_parity import log_softmax, row_kl
-from ..manifest import Manifest, load_manifest
-from ..roofline import graph_cost
 from .staging import staged
 
 BITS = (4, 8)
 BLOCK_SIZES = (16, 32, 64, 128)
 # Distributional parity of a quantized graph against its float source, on the shipped prompts
 # (measured on the demo pair: int4 KL 0.005-0.012 nats, int8 0.0001; thresholds leave ~10x room).
-# Top-1 agreement counts only positions where the float model is decisive (its
-# best token leads the next by DECISIVE_GAP in probability): near-ties flip under any rounding.
+# Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 MIN_TOP1 = {4: 0.85, 8: 0.95}
-DECISIVE_GAP = 0.1
 
 
 @dataclass(frozen=True)
@@ -133,9 +132,7 @@ def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, ro
         rows = [d.forward(d.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits.copy()
                 for d in decoders]
         kls.extend(row_kl(rows[0], rows[1]))
-        p = np.exp(log_softmax(rows[0]))
-        top2 = np.sort(p, axis=-1)[:, -2:]
-        sure = top2[:, 1] - top2[:, 0] >= DECISIVE_GAP
+        sure = decisive_rows(rows[0])
         decisive += int(sure.sum())
         agree += int((rows[0].argmax(-1) == rows[1].argmax(-1))[sure].sum())
     return {"mean_kl": float(np.mean(kls)), "top1_agreement": agree / decisive if decisive else 1.0,
@@ -146,7 +143,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                     prompts: list[str] | None = None, progress: Callable[[str], None] | None = None) -> Manifest:
     """Write a quantized copy of bundle ``src`` to ``out``; it appears only once every model passed its
     distributional parity check against ``src``."""
-    from ..bench import builtin_prompts
+    from ..data import prompts as builtin_prompts
 
     try:
         import onnx  # noqa: F401  (the runtime-only install has onnxruntime but not onnx)

@@ -1,4 +1,4 @@
-"""The logits summary graph (see :data:`specrt.contract.SUMMARY_FILE`): top-K logits and the log-sum-exp
+"""The logits summary graph (see :data:`specrt.bundle.contract.SUMMARY_FILE`): top-K logits and the log-sum-exp
 of each row at a temperature, so a GPU backend copies a few hundred bytes per row instead of V floats.
 
 Regenerate the shipped file with ``python -m specrt.export.summary_graph``; a test checks the shipped
@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from .. import contract as C
+from ..bundle import contract as C
 
 OPSET = 17
 
@@ -24,10 +24,10 @@ def build_summary_model(k: int = C.SUMMARY_TOP_K) -> onnx.ModelProto:
     before the exp (no overflow at any temperature), and the difference is scaled after the
     subtraction, so each exponent carries one rounding of (z - z_max) and one of the product.
 
-    The sum runs in blocks of :data:`~specrt.contract.SUMMARY_BLOCK` ids, then over the blocks (and
+    The sum runs in blocks of :data:`~specrt.bundle.contract.SUMMARY_BLOCK` ids, then over the blocks (and
     the last partial block): whatever order an engine sums a block in, the error is bounded by the
     block's length plus the number of blocks, ~1,000 roundings on a 152k row instead of 152k
-    (:func:`specrt.runtime.summary.lse_error_bound` is that bound)."""
+    (:func:`specrt.runtime.backends.summary.lse_error_bound` is that bound)."""
     node, block = helper.make_node, C.SUMMARY_BLOCK
     nodes = [
         node("TopK", [C.SUMMARY_LOGITS, "k"], ["values", "ids64"], axis=-1, largest=1, sorted=1),

@@ -8,9 +8,9 @@ from typing import Callable, ClassVar, Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .logits import Dist
+from .cached import CachedModel
+from .dist import Dist
 from .masks import tree_mask
-from .model import CachedModel
 from .sampling import SamplingConfig
 from .tree import TokenTree, TreeShape
 

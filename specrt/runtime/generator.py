@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
-from ..manifest import Manifest, load_manifest
 from .backends import Decoder, create_decoder, create_heads
+from .cached import CachedModel
 from .drafters import METHODS, Drafter
 from .loop import MAX_GAMMA, ChainStepper, DecodeState, TreeStepper, decode
-from .model import CachedModel
 from .sampling import SamplingConfig
 from .stats import GenerationStats, StatsRecorder
 from .tree import TreeShape

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import ModelDims
+from ..bundle.contract import ModelDims
 from ..errors import ContextLengthError
 
 

@@ -9,12 +9,13 @@ from typing import Iterator
 import numpy as np
 
 from .. import theory
+from .cached import CachedModel
+from .dist import overlap
 from .drafters import Drafter
-from .logits import acceptance_beta, overlap
-from .model import CachedModel
+from .medusa import verify_tree_typical
+from .rows import acceptance_beta
 from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
-from .medusa import verify_tree_typical
 from .tree import verify_tree_greedy, verify_tree_sampled
 from .verify import accept_chain
 

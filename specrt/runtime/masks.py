@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 _ALL = np.ones(0, dtype=bool)  # grows; read-only views of it are the one-token masks
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .logits import Dist
+from .dist import Dist
 from .sampling import SamplingConfig
 from .tree import MAX_TREE_NODES, TokenTree
 

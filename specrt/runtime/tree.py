@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .logits import Dist, residual
+from .dist import Dist, residual
 
 MAX_TREE_NODES = 64
 

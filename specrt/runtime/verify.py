@@ -11,8 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .logits import MIN_RESIDUAL_MASS, Dist, exceeds
-from .logits import residual as sparse_residual
+from .dist import MIN_RESIDUAL_MASS, Dist
+from .dist import residual as sparse_residual
+from .rows import exceeds
 from .sampling import sample
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
 import numpy as np
 
+from ...bundle.manifest import ModelEntry
 from ...errors import ConfigError
-from ...manifest import ModelEntry
 from ..kvcache import KVCache
 
 
@@ -91,6 +92,19 @@ def register_backend(name: str, available: Callable[[], bool], heads: Callable[.
         return factory
 
     return deco
+
+
+def register_external(name: str, target: str, available: Callable[[], bool]) -> None:
+    """A backend that lives outside the runtime (the torch side's), registered by its dotted name
+    ``"package.module:Class"`` so that the runtime never imports it: the module is imported on first use.
+    ``Class(bundle_dir, entry, threads=...)`` builds the Decoder."""
+
+    def factory(bundle_dir, entry, threads=None, role="target", low_memory=None):
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)(bundle_dir, entry, threads=threads)
+
+    factory.__doc__ = f"{target} (imported when first used)"
+    _BACKENDS[name] = BackendInfo(name, available, factory)
 
 
 # Backends "auto" may pick, in preference order; torch needs an explicit --backend torch.

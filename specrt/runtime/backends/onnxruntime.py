@@ -1,9 +1,9 @@
 """ONNX Runtime backend: one session per model, created once; the KV cache bound in place via IOBinding.
 
-On the CUDA execution provider the cache lives in device memory (:class:`~specrt.runtime.device.DeviceKVCache`)
+On the CUDA execution provider the cache lives in device memory (:class:`~specrt.runtime.backends.cuda.DeviceKVCache`)
 and is bound by device address, so only ids, positions and the mask go up; the logits stay in device
 memory too, and the step reads them through the logits summary graph run on the same provider
-(:class:`~specrt.runtime.summary.SummaryLogits`: top logits and the normaliser, a whole row only when
+(:class:`~specrt.runtime.backends.summary.SummaryLogits`: top logits and the normaliser, a whole row only when
 they cannot decide). ORT's own CUDA-graph mode is not used: it needs every input shape fixed, and the
 past grows each step.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import contract as C
+from ...bundle import contract as C
+from ...bundle.manifest import ModelEntry
 from ...errors import BundleError
-from ...manifest import ModelEntry
-from ..device import CudaMemory, DeviceKVCache, DeviceMemory
 from ..kvcache import KVCache
-from ..summary import SummaryLogits, row_readers, summary_buffers
 from .base import DecoderOutput, register_backend
+from .cuda import CudaMemory, DeviceKVCache, DeviceMemory
+from .summary import SummaryLogits, row_readers, summary_buffers
 
 
 def _ort_available() -> bool:

@@ -19,16 +19,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ... import contract as C
+from ...bundle import contract as C
+from ...bundle.manifest import Manifest, ModelEntry, load_manifest
 from ...errors import ConfigError, ContextLengthError, SpecrtError
-from ...manifest import Manifest, ModelEntry, load_manifest
-from ..buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
-from ..device import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
-from ..summary import SummaryLogits, row_readers, summary_buffers
 from .base import DecoderOutput, register_backend
+from .buckets import DEFAULT_BUCKETS, choose_bucket, pad_to, static_mask
+from .cuda import ALIGNMENT, CudaMemory, DeviceKVCache, DeviceMemory, aligned
 from .onnxruntime import OrtHeads
+from .summary import SummaryLogits, row_readers, summary_buffers
 
-PREFILL, VERIFY = 0, 1  # profile indices, in the order specrt.engines.tensorrt_build.profiles writes them
+PREFILL, VERIFY = 0, 1  # profile indices, in the order specrt.export.tensorrt.profiles writes them
 
 
 @dataclass(frozen=True)

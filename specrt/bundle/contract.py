@@ -1,0 +1,141 @@
+"""The ONNX decoder contract, declared once; exporter, manifest and runtime all read it from here.
+
+One graph per model serves prefill (P = 0), single-token decode, chain verification and tree
+verification. See docs/onnx-contract.md for the reasoning behind each choice.
+
+Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, D = head dim):
+
+    input_ids       int64    [B, Q]
+    position_ids    int64    [B, Q]
+    attention_mask  bool     [B, 1, Q, S]     True = may attend; expresses causal chains and trees
+    past_key.N      {dtype}  [B, P, H_kv, D]  seq-major: a prefix of one [B, max_ctx, H_kv, D]
+    past_value.N    {dtype}  [B, P, H_kv, D]  buffer is a contiguous view (B = 1), so no copy
+    logits          float32  [B, Q, V]        always fp32, whatever the weights' dtype
+    hidden          {dtype}  [B, Q, H]        final hidden state (after the last norm), for Medusa
+    new_key.N       {dtype}  [B, Q, H_kv, D]  ONLY the Q new slices; the runtime owns the cache
+    new_value.N     {dtype}  [B, Q, H_kv, D]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FORMAT_VERSION = 1
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+ATTENTION_MASK = "attention_mask"
+LOGITS = "logits"
+HIDDEN = "hidden"
+
+DTYPES = ("float32", "float16")
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def new_key(layer: int) -> str:
+    return f"new_key.{layer}"
+
+
+def new_value(layer: int) -> str:
+    return f"new_value.{layer}"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The fixed sizes of one decoder, recorded in the manifest; the runtime sizes its cache from them."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{k} must be a positive integer, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, element type and shape (str = dynamic axis, int = fixed)."""
+
+    name: str
+    dtype: str
+    shape: tuple[str | int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+def decoder_io(dims: ModelDims, dtype: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The (inputs, outputs) of a decoder graph with the given dims and weight/KV dtype."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
+    kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
+    inputs = [
+        TensorSpec(INPUT_IDS, "int64", ("batch", "query")),
+        TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
+        TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "past_plus_query")),
+    ]
+    outputs = [
+        TensorSpec(LOGITS, "float32", ("batch", "query", dims.vocab_size)),
+        TensorSpec(HIDDEN, dtype, ("batch", "query", dims.hidden_size)),
+    ]
+    for i in range(dims.num_layers):
+        inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
+        outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
+    return inputs, outputs
+
+
+def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
+    """The symbolic axes of each tensor, in the form ``torch.onnx.export`` takes."""
+    return {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}
+
+
+def graph_file_bytes(path: Path) -> tuple[int, int]:
+    """A graph's bytes on disk: (the .onnx file, its external data ``<file>.data`` or 0)."""
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size, (data.stat().st_size if data.is_file() else 0)
+
+
+def graph_bytes(path: Path) -> int:
+    """A graph's bytes on disk: the .onnx file plus its external data, if any."""
+    return sum(graph_file_bytes(path))
+
+
+# The logits summary graph (specrt/data/logits_summary.onnx, built by specrt.export.summary_graph): what a
+# GPU backend sends up after a pass instead of whole rows of logits. One file serves every bundle, old
+# or new, target or draft (V is dynamic), so the decoder graphs and the CPU path are unchanged.
+#
+#     logits           float32  [Q, V]   a decoder's logits, read where they lie in device memory
+#     inv_temperature  float32  [1]      1 / T (1 for greedy, whose summary ignores the normaliser)
+#     top_values       float32  [Q, K]   the K largest logits of each row, any order among ties
+#     top_ids          int32    [Q, K]   their ids
+#     lse              float32  [Q]      log sum exp(logits / T) over the whole row
+SUMMARY_FILE = "logits_summary.onnx"
+SUMMARY_LOGITS = "logits"
+SUMMARY_INV_T = "inv_temperature"
+SUMMARY_VALUES = "top_values"
+SUMMARY_IDS = "top_ids"
+SUMMARY_LSE = "lse"
+SUMMARY_TOP_K = 64
+SUMMARY_BLOCK = 256  # ids per partial sum of the normaliser (see export/summary_graph.py)
+SUMMARY_ENGINE = "summary"  # its TensorRT engine's role in the manifest's engines (specrt build)
+
+
+def summary_graph_path() -> Path:
+    """The shipped logits summary graph."""
+    return Path(__file__).parents[1] / "data" / SUMMARY_FILE

@@ -1,0 +1,205 @@
+"""The bundle manifest (``specrt.json``): everything the runtime needs to know, nothing inferred from names.
+
+Written by ``specrt export``; read by the runtime with no torch or transformers installed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BundleError
+from .contract import DTYPES, FORMAT_VERSION, ModelDims, TensorSpec, decoder_io
+
+
+def id_set(value) -> set[int]:
+    """A Hugging Face eos_token_id field (config, generation config, tokenizer): an int, a list of ints,
+    or None."""
+    return set(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+
+MANIFEST_NAME = "specrt.json"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One exported decoder: its file, source, dims and the parity figures measured at export."""
+
+    file: str
+    source: str
+    architecture: str
+    dtype: str
+    dims: ModelDims
+    # Per parity case ("prefill", "decode", "chain", "tree", "far"): abs/rel/kl/top1 against PyTorch fp32
+    # (see logit_parity); the tolerance they passed: {"rel", "kl"}. Bundles from before the relative
+    # criterion load with {"abs": max |diff|} per case and {"abs": tolerance}.
+    parity: dict[str, dict[str, float]] = field(default_factory=dict)
+    parity_tolerance: dict[str, float] = field(default_factory=dict)
+    # PyTorch's logits on a fixed prompt (top ids per position), for `specrt verify` on any backend.
+    golden: dict[str, Any] | None = None
+    # Weight-only quantization (`specrt quantize`): bits, block size, quantized matmuls, bytes before and
+    # after, distributional parity against the float graph. None: the graph's weights are as exported.
+    quantization: dict[str, Any] | None = None
+    # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "portable": plain ops.
+    graph: str = "portable"
+    # What one pass reads and computes (roofline.graph_cost), recorded where onnx is installed (export,
+    # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.
+    weight_bytes: int | None = None
+    matmul_flops_per_token: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
+        for name in ("weight_bytes", "matmul_flops_per_token"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
+
+    def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        return decoder_io(self.dims, self.dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        ins, outs = self.io()
+        d = asdict(self)
+        d["inputs"] = [s.to_json() for s in ins]
+        d["outputs"] = [s.to_json() for s in outs]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
+        return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
+                   dims=ModelDims(**d["dims"]), parity=_parity_figures(d.get("parity", {})),
+                   parity_tolerance=_parity_tolerance(d.get("parity_tolerance", {})), golden=d.get("golden"),
+                   quantization=d.get("quantization"), graph=d.get("graph", "portable"),
+                   weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"))
+
+
+def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {case: _parity_tolerance(v) for case, v in raw.items()}
+
+
+def _parity_tolerance(raw: Any) -> dict[str, float]:
+    """Named figures; a bare number (bundles before the relative criterion) is the max |diff|."""
+    return {"abs": float(raw)} if isinstance(raw, (int, float)) else {k: float(x) for k, x in raw.items()}
+
+
+@dataclass(frozen=True)
+class MedusaEntry:
+    """Medusa heads: hidden [B, Q, H] → per-head top-k ids and log-probs, and the static tree to use."""
+
+    file: str
+    source: str
+    num_heads: int
+    topk: int
+    tree: list[list[int]]  # paths of candidate ranks, level order (see runtime/medusa.py)
+    expected_accepted: float  # predicted accepted tokens per pass from the calibration accuracies
+    accuracies: list[list[float]]  # [head][rank]: P(candidate == target's argmax) on calibration text
+    parity: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "MedusaEntry":
+        return cls(**{k: d[k] for k in ("file", "source", "num_heads", "topk", "tree", "expected_accepted",
+                                        "accuracies")}, parity=float(d.get("parity", 0.0)))
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    """The target's tokenizer: its file, the ids that start and end a text, and (instruct models) its chat
+    template. Bundles written before chat support have neither ``chat_template`` nor ``special_tokens``."""
+
+    file: str
+    bos_token_id: int | None
+    # Every id that ends a generation: the model config's, the generation config's (Llama 3: <|eot_id|>
+    # and <|end_of_text|>) and the tokenizer's eos.
+    eos_token_ids: tuple[int, ...]
+    add_bos_token: bool
+    vocab_size: int
+    chat_template: str | None = None  # the template's file in the bundle (Jinja2 text), None: no template
+    # Named special tokens as text (bos_token, eos_token, ...): variables a chat template reads.
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TokenizerEntry":
+        return cls(file=d["file"], bos_token_id=d.get("bos_token_id"), eos_token_ids=tuple(d["eos_token_ids"]),
+                   add_bos_token=bool(d["add_bos_token"]), vocab_size=int(d["vocab_size"]),
+                   chat_template=d.get("chat_template"),
+                   special_tokens={str(k): str(v) for k, v in dict(d.get("special_tokens") or {}).items()})
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The whole ``specrt.json``. ``models`` maps a role ("target", "draft") to its entry."""
+
+    max_context: int
+    tokenizer: TokenizerEntry
+    models: dict[str, ModelEntry]
+    vocab_check: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    medusa: MedusaEntry | None = None
+    engines: dict[str, Any] = field(default_factory=dict)  # role -> TensorRT engine file, cache key, options
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if "target" not in self.models:
+            raise BundleError("manifest has no 'target' model")
+        if self.max_context < 1:
+            raise BundleError(f"max_context must be positive, got {self.max_context}")
+
+    @property
+    def target(self) -> ModelEntry:
+        return self.models["target"]
+
+    @property
+    def draft(self) -> ModelEntry | None:
+        return self.models.get("draft")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "max_context": self.max_context,
+            "tokenizer": asdict(self.tokenizer),
+            "models": {role: m.to_json() for role, m in self.models.items()},
+            "vocab_check": self.vocab_check,
+            "versions": self.versions,
+            **({"medusa": asdict(self.medusa)} if self.medusa else {}),
+            **({"engines": self.engines} if self.engines else {}),
+        }
+
+    def write(self, folder: Path) -> Path:
+        path = Path(folder) / MANIFEST_NAME
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+
+def load_manifest(folder: str | Path) -> Manifest:
+    """Read and validate ``folder/specrt.json``; every failure is a :class:`BundleError` naming the problem."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BundleError(f"bundle folder not found: {folder}")
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise BundleError(f"{folder} is not a specrt bundle: {MANIFEST_NAME} is missing")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path} is not valid JSON: {e}") from None
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if version != FORMAT_VERSION:
+        raise BundleError(f"{path} has format version {version!r}; this specrt reads version {FORMAT_VERSION}: "
+                          "re-export the bundle with this specrt version")
+    try:
+        manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
+                            models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
+                            vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}),
+                            medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None,
+                            engines=raw.get("engines", {}))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
+    files = [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]
+    if manifest.tokenizer.chat_template:
+        files.append(manifest.tokenizer.chat_template)
+    for rel in files + ([manifest.medusa.file] if manifest.medusa else []):
+        if not (folder / rel).is_file():
+            raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
+    return manifest

@@ -1,0 +1,131 @@
+"""``specrt verify``: the equivalence checks a deployer runs after an export or an engine build.
+
+Each check says PASS/FAIL with its figures. Exact speculative sampling hides a bad draft from the
+output (the target corrects every token), so a broken draft shows up as an acceptance rate too low
+to ever pay for itself; precision problems show up against the PyTorch logits stored at export.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import theory
+from ..bundle.parity import decisive
+from ..runtime.generator import SpeculativeGenerator
+from ..runtime.masks import causal_mask
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    figures: dict = field(default_factory=dict)
+
+
+def check_golden(gen: SpeculativeGenerator, role: str) -> Check:
+    """This backend's logits vs PyTorch's at export, on the manifest's fixed prompt."""
+    entry = gen.manifest.models[role]
+    name = f"{role} logits vs PyTorch"
+    if not entry.golden:
+        return Check(name, False, "the bundle records no reference logits: re-export it with this specrt")
+    g = entry.golden
+    ids = np.asarray(g["input_ids"], np.int64)
+    dec = gen.decoders[role]
+    logits = dec.forward(dec.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits
+    if entry.quantization:
+        return _golden_agreement(name, entry, logits, dec.provider)
+    got = np.take_along_axis(logits, np.asarray(g["top_ids"]), axis=-1)
+    diff = np.abs(got - np.asarray(g["top_logits"])).max(axis=-1)
+    tol = entry.parity_tolerance
+    if "scale" not in g or "rel" not in tol:  # a bundle from before the relative criterion
+        worst = float(diff.max())
+        return Check(name, worst <= tol.get("abs", 0.0), f"max |diff| {worst:.2e} (tolerance "
+                     f"{tol.get('abs', 0.0):g}, {dec.provider})", {"max_abs_diff": worst, "tolerance": tol})
+    rel = float((diff / np.asarray(g["scale"])).max())
+    return Check(name, rel <= tol["rel"], f"max |diff| / logit scale {rel:.2e} (tolerance {tol['rel']:g}, "
+                 f"{dec.provider})", {"max_rel_diff": rel, "max_abs_diff": float(diff.max()), "tolerance": tol})
+
+
+def _golden_agreement(name: str, entry, logits: np.ndarray, provider: str) -> Check:
+    """A quantized graph cannot match the float logits to a tolerance: its check is that its best token
+    is PyTorch's wherever PyTorch was decisive (``bundle.parity.decisive``), at the agreement its
+    quantization was accepted with (recorded in the manifest)."""
+    top_ids, top_logits = np.asarray(entry.golden["top_ids"]), np.asarray(entry.golden["top_logits"])
+    sure = decisive(top_logits)
+    agree = float((logits.argmax(-1) == top_ids[:, 0])[sure].mean()) if sure.any() else 1.0
+    need = entry.quantization["parity"]["min_top1_agreement"]
+    return Check(name, agree >= need, f"int{entry.quantization['bits']}: top-1 agrees with PyTorch's at {agree:.2f} "
+                 f"of {int(sure.sum())} decisive positions (min {need}, {provider})",
+                 {"top1_agreement": agree, "decisive_positions": int(sure.sum()), "min": need})
+
+
+def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max_new_tokens: int,
+                 gamma: int) -> tuple[Check, float | None, float]:
+    """Greedy speculation must reproduce plain greedy decoding token for token. Returns (check, α, c)."""
+    bad, drafted, accepted, c_values = [], 0, 0, []
+    for i, prompt in enumerate(prompts):
+        plain = gen.generate(prompt, max_new_tokens=max_new_tokens, method="none").token_ids
+        spec = gen.generate(prompt, max_new_tokens=max_new_tokens, method=method, gamma=gamma)
+        if spec.token_ids != plain:
+            first = next((j for j, (a, b) in enumerate(zip(spec.token_ids, plain)) if a != b), len(plain))
+            bad.append(f"prompt {i} differs at token {first}")
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+        c_values.append(spec.stats.c)
+    alpha = accepted / drafted if drafted else None
+    detail = (f"{len(prompts) - len(bad)}/{len(prompts)} prompts identical to plain decoding"
+              + (f" ({'; '.join(bad[:3])})" if bad else ""))
+    return (Check(f"greedy {method} == plain", not bad, detail, {"mismatches": len(bad), "prompts": len(prompts)}),
+            alpha, float(np.median(c_values)))
+
+
+def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples: int, gamma: int,
+                   tokens: int = 4, top_k: int = 2) -> Check:
+    """Sampled speculation vs plain sampling: total-variation distance between the empirical joint
+    distributions of the first `tokens` generated tokens (after the first, all go through
+    draft → verify → accept). top-k keeps the joint support small: at most top_k^tokens sequences.
+
+    With n samples per side and K observed sequences, E[TV(empirical, p)] <= 0.5 sqrt(K/n) per side,
+    so E[TV(spec, plain)] <= sqrt(K/n); the check fails above 1.5 times that bound.
+    """
+    def draw(m: str) -> Counter:
+        return Counter(tuple(gen.generate(prompt, max_new_tokens=tokens, method=m, gamma=gamma, temperature=1.0,
+                                          top_k=top_k, seed=seed).token_ids) for seed in range(samples))
+
+    spec, plain = draw(method), draw("none")
+    support = len(spec.keys() | plain.keys())
+    tv = 0.5 * sum(abs(spec[k] - plain[k]) for k in spec.keys() | plain.keys()) / samples
+    threshold = 1.5 * float(np.sqrt(support / samples))
+    return Check(f"sampled {method} ~ plain", tv <= threshold,
+                 f"TV distance {tv:.3f} between {samples} samples each of the first {tokens} tokens "
+                 f"(threshold {threshold:.3f} for {support} outcomes; temperature 1, top-k {top_k})",
+                 {"tv": tv, "threshold": threshold, "outcomes": support})
+
+
+def check_draft_pays(alpha: float | None, c: float, max_gamma: int = 16) -> Check:
+    """A draft whose best predicted speedup is below 1 is broken or useless (e.g. shifted vocabulary)."""
+    if alpha is None:
+        return Check("draft pays for itself", False, "no draft tokens were proposed")
+    g = theory.optimal_gamma(alpha, c, max_gamma)
+    best = theory.speedup(alpha, g, c)
+    return Check("draft pays for itself", best > 1.0,
+                 f"greedy α {alpha:.3f}, c {c:.3f}: best predicted speedup {best:.2f}x at γ = {g}"
+                 + ("" if best > 1.0 else " — the draft is too slow (c) or too often rejected (α: wrong model or "
+                                          "vocabulary?) to help"),
+                 {"alpha": alpha, "c": c, "best_gamma": g, "best_speedup": best})
+
+
+def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 2000, max_new_tokens: int = 32,
+                  gamma: int = 4) -> list[Check]:
+    checks = [check_golden(gen, role) for role in gen.manifest.models]
+    methods = (["draft"] if gen.manifest.draft is not None else []) + ["ngram"]
+    for method in methods:
+        greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma)
+        checks.append(greedy)
+        if method == "draft":
+            checks.append(check_draft_pays(alpha, c))
+    checks.append(check_sampling(gen, methods[0], prompts[0], samples, gamma))
+    return checks

@@ -1,0 +1,759 @@
+"""Reproducible CPU training of specrt's demo target/draft pair on the Python standard library's sources.
+
+Pipeline: corpus (:mod:`specrt.export.demo.corpus`) → byte-level BPE tokenizer → target LlamaForCausalLM trained by
+next-token cross entropy → draft LlamaForCausalLM distilled from the frozen target → ``training.json`` and a
+model card. Both models are ordinary Hugging Face checkpoints that ``specrt export`` takes as they are.
+
+    python -m specrt.export.demo.train --out runs/demo                # the shipped configuration
+    python -m specrt.export.demo.train --out /tmp/tiny --tiny         # a smoke run in well under a minute
+    python -m specrt.export.demo.train --out runs/again --config runs/demo/training.json   # rerun a recorded run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import ConfigError, OutputPathError, SpecrtError
+from . import corpus
+
+BOS, EOS = "<s>", "</s>"
+BOS_ID, EOS_ID = 0, 1
+FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    def check(self, name: str) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}.{f.name} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"{name}.hidden ({self.hidden}) must be a multiple of {name}.heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"{name}.heads ({self.heads}) must be a multiple of {name}.kv_heads ({self.kv_heads})")
+        if (self.hidden // self.heads) % 2:
+            raise ConfigError(f"{name} head size {self.hidden // self.heads} must be even (rotary embeddings)")
+
+    @classmethod
+    def parse(cls, text: str) -> ModelShape:
+        """'HIDDEN,LAYERS,HEADS,KV_HEADS,INTERMEDIATE', as the CLI takes it."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 5:
+            raise ConfigError(f"a model shape is HIDDEN,LAYERS,HEADS,KV_HEADS,INTERMEDIATE, got {text!r}")
+        return cls(*values)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a run; recorded verbatim in training.json."""
+
+    vocab_size: int = 4096
+    target: ModelShape = ModelShape(hidden=384, layers=6, heads=6, kv_heads=2, intermediate=1024)
+    draft: ModelShape = ModelShape(hidden=128, layers=2, heads=4, kv_heads=1, intermediate=384)
+    max_position_embeddings: int = 1024
+    seq_len: int = 256
+    batch_size: int = 16
+    target_steps: int = 2000
+    draft_steps: int = 2000
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_fraction: float = 0.05  # a fraction, not a step count, so changing --target-steps never breaks it
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    ce_weight: float = 0.1  # draft loss = (1 - ce_weight) * KL(p_target || q_draft) + ce_weight * CE
+    eval_every: int = 250
+    eval_batches: int = 8
+    val_fraction: float = corpus.VAL_FRACTION
+    max_corpus_bytes: int | None = None  # per split; None = the whole stdlib
+    seed: int = 0
+    threads: int = 2
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self.target.check("target")
+        self.draft.check("draft")
+        _positive_ints(self, "vocab_size", "max_position_embeddings", "seq_len", "batch_size", "target_steps",
+                       "draft_steps", "eval_every", "eval_batches", "threads")
+        if self.vocab_size <= 258:
+            raise ConfigError(f"vocab_size must exceed 258 (256 bytes + <s> + </s>), got {self.vocab_size}")
+        if self.seq_len > self.max_position_embeddings:
+            raise ConfigError(f"seq_len ({self.seq_len}) must not exceed max_position_embeddings "
+                              f"({self.max_position_embeddings})")
+        _in_range(self, "lr", 0.0, 1.0, low_open=True)
+        _in_range(self, "min_lr_ratio", 0.0, 1.0)
+        _in_range(self, "warmup_fraction", 0.0, 1.0, high_open=True)
+        _in_range(self, "weight_decay", 0.0, 1.0)
+        _in_range(self, "grad_clip", 0.0, math.inf, low_open=True)
+        _in_range(self, "ce_weight", 0.0, 1.0)
+        _in_range(self, "val_fraction", 0.0, 0.5, low_open=True)
+        if self.max_corpus_bytes is not None and self.max_corpus_bytes < 1:
+            raise ConfigError(f"max_corpus_bytes must be positive or None, got {self.max_corpus_bytes}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"device {self.device!r} is not a torch device: {e}") from None
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> TrainConfig:
+        """A smoke-test preset: whole pipeline in seconds, models too small to be useful."""
+        preset: dict[str, Any] = dict(
+            vocab_size=512, target=ModelShape(32, 2, 2, 1, 64), draft=ModelShape(16, 1, 2, 1, 32),
+            seq_len=64, batch_size=4, target_steps=20, draft_steps=20, lr=3e-3, warmup_fraction=0.1,
+            eval_every=10, eval_batches=2, max_corpus_bytes=300_000)
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Inverse of ``dataclasses.asdict``, e.g. the ``config`` of a training.json."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        values = dict(data)
+        for key in ("target", "draft"):
+            if isinstance(values.get(key), dict):
+                values[key] = ModelShape(**values[key])
+        return cls(**values)
+
+
+def _positive_ints(cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _in_range(cfg: TrainConfig, name: str, low: float, high: float, *, low_open: bool = False,
+              high_open: bool = False) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        brackets = ("(" if low_open else "[") + f"{low}, {high}" + (")" if high_open else "]")
+        raise ConfigError(f"{name} must be in {brackets}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------- tokenizer and data
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE (every byte is a token, so nothing is ever unknown) whose encodings start with <s>."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, BOS_ID)])
+    if tok.token_to_id(BOS) != BOS_ID or tok.token_to_id(EOS) != EOS_ID:
+        raise AssertionError("the BPE trainer must give the special tokens the first ids")
+    return tok
+
+
+def wrap_tokenizer(tok, max_length: int):
+    """The Hugging Face tokenizer saved next to each model (what AutoTokenizer and specrt export load)."""
+    from transformers import PreTrainedTokenizerFast
+
+    # clean_up_tokenization_spaces would turn "a ." into "a." and break decode(encode(code)) == code.
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, model_max_length=max_length,
+                                   clean_up_tokenization_spaces=False)
+
+
+def token_stream(tok, texts: Iterable[str]) -> torch.Tensor:
+    """One long int64 stream: <s> file </s> <s> file </s> ...
+
+    Every file starts like an inference prompt does (the tokenizer prepends <s>) and ends with </s>, so the
+    models learn both where code starts and where a file ends.
+    """
+    ids: list[int] = []
+    for enc in tok.encode_batch(list(texts), add_special_tokens=False):
+        ids.append(BOS_ID)
+        ids.extend(enc.ids)
+        ids.append(EOS_ID)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def random_windows(stream: torch.Tensor, seq_len: int, batch_size: int, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    """Endless (batch, seq_len + 1) windows at offsets drawn from ``gen``: the data order is the seed's."""
+    last_start = len(stream) - (seq_len + 1)
+    offsets = torch.arange(seq_len + 1)
+    while True:
+        starts = torch.randint(0, last_start + 1, (batch_size,), generator=gen)
+        yield stream[starts[:, None] + offsets]
+
+
+def fixed_windows(stream: torch.Tensor, seq_len: int, batch_size: int, batches: int) -> list[torch.Tensor]:
+    """``batches`` batches of windows at evenly spaced offsets over the whole validation stream (so every
+    held-out file is sampled, not just the first few), the same at every evaluation."""
+    last_start = len(stream) - (seq_len + 1)
+    starts = torch.linspace(0, last_start, batch_size * batches).round().long()
+    return list(stream[starts[:, None] + torch.arange(seq_len + 1)].split(batch_size))
+
+
+def _check_stream(name: str, stream: torch.Tensor, seq_len: int) -> None:
+    if len(stream) < seq_len + 1:
+        raise ConfigError(f"the {name} split has {len(stream)} tokens, fewer than seq_len + 1 = {seq_len + 1}; "
+                          "raise max_corpus_bytes or lower seq_len")
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+def llama_config(shape: ModelShape, vocab_size: int, cfg: TrainConfig):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, max_position_embeddings=cfg.max_position_embeddings,
+                       tie_word_embeddings=True, bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+
+
+def build_model(shape: ModelShape, vocab_size: int, cfg: TrainConfig, seed: int):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)  # the initial weights depend on this seed only, not on what ran before
+    return LlamaForCausalLM(llama_config(shape, vocab_size, cfg)).float().to(cfg.device)
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields the tied embedding once
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    # No weight decay on norms' gains: decaying them towards 0 only fights the normalisation.
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # fused: one kernel per step; the per-tensor loop spends as long as the backward pass on a 2-core CPU.
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
+
+
+def lr_factor(step: int, steps: int, warmup_fraction: float, min_lr_ratio: float) -> float:
+    """Linear warmup, then cosine decay from 1 to ``min_lr_ratio`` at the last step."""
+    warmup = max(1, round(steps * warmup_fraction))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=inputs, use_cache=False).logits.float()
+
+
+def next_token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def kl_target_draft(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p_target || q_draft), both at temperature 1."""
+    log_p = F.log_softmax(target_logits.flatten(0, 1), dim=-1)
+    log_q = F.log_softmax(draft_logits.flatten(0, 1), dim=-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+
+
+def distill_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+                 ce_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, kl). Speculative decoding accepts a drafted token with probability min(1, p/q), so the
+    acceptance rate is alpha = E[sum_x min(p(x), q(x))] = 1 - E[TV(p, q)]: it rewards matching the target's
+    whole distribution, not the data. Forward KL(p || q) is the smooth objective that drives q to p (Pinsker:
+    TV <= sqrt(KL / 2)); the small CE term on the real next token only anchors the draft where the target is
+    itself unsure.
+    """
+    kl = kl_target_draft(target_logits, draft_logits)
+    if ce_weight == 0.0:
+        return kl, kl
+    return (1.0 - ce_weight) * kl + ce_weight * next_token_ce(draft_logits, labels), kl
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def _split_batch(batch: torch.Tensor, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = batch.to(device)
+    return batch[:, :-1], batch[:, 1:]
+
+
+@torch.no_grad()
+def eval_target(target: torch.nn.Module, val: Sequence[torch.Tensor], device: str) -> dict[str, float]:
+    """Held-out next-token cross entropy (nats per token)."""
+    target.eval()
+    total, positions = 0.0, 0
+    for batch in val:
+        inputs, labels = _split_batch(batch, device)
+        total += next_token_ce(_logits(target, inputs), labels).item() * labels.numel()
+        positions += labels.numel()
+    return {"val_loss": total / positions}
+
+
+@torch.no_grad()
+def eval_draft(draft: torch.nn.Module, target: torch.nn.Module, val: Sequence[torch.Tensor],
+               device: str) -> dict[str, float]:
+    """Held-out cross entropy of the draft and its KL(p_target || q_draft)."""
+    draft.eval()
+    target.eval()
+    ce = kl = 0.0
+    positions = 0
+    for batch in val:
+        inputs, labels = _split_batch(batch, device)
+        q_logits = _logits(draft, inputs)
+        n = labels.numel()
+        ce += next_token_ce(q_logits, labels).item() * n
+        kl += kl_target_draft(_logits(target, inputs), q_logits).item() * n
+        positions += n
+    return {"val_loss": ce / positions, "val_kl": kl / positions}
+
+
+@torch.no_grad()
+def acceptance(target: torch.nn.Module, draft: torch.nn.Module, val: Sequence[torch.Tensor],
+               device: str) -> dict[str, float]:
+    """alpha_greedy: how often argmax q == argmax p (greedy decoding's acceptance rate);
+    alpha_t1: mean sum_x min(p, q) at temperature 1 (sampling's acceptance rate)."""
+    target.eval()
+    draft.eval()
+    agree = overlap = 0.0
+    positions = 0
+    for batch in val:
+        inputs, _ = _split_batch(batch, device)
+        p_logits, q_logits = _logits(target, inputs), _logits(draft, inputs)
+        agree += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
+        overlap += torch.minimum(p_logits.softmax(-1), q_logits.softmax(-1)).sum(-1).sum().item()
+        positions += inputs.numel()
+    return {"alpha_greedy": agree / positions, "alpha_t1": min(1.0, overlap / positions), "positions": positions}
+
+
+# ------------------------------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A rich progress bar per phase (loss, elapsed, ETA) on stderr, or nothing."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.console = None
+        self._bar = None  # the live progress bar, while a phase runs
+        if enabled:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+
+    def log(self, message: str) -> None:
+        if self.console is not None:
+            self.console.print(message)
+
+    @contextlib.contextmanager
+    def step(self, description: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.log(f"[green]✓[/green] {description} [dim]({time.perf_counter() - t0:.1f} s)[/dim]")
+
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int) -> Iterator[Callable[[float], None]]:
+        if self.console is None:
+            yield lambda loss: None
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("eta"),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=self.console) as bar:
+            task = bar.add_task(name, total=total, loss="  -   ")
+            self._bar = bar
+            yield lambda loss: bar.update(task, advance=1, loss=f"{loss:6.3f}")
+            self._bar = None
+
+    def eval_line(self, name: str, step: int, metrics: dict[str, float]) -> None:
+        text = f"{name} step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        (self._bar.console.print if self._bar is not None else self.log)(text)
+
+
+# --------------------------------------------------------------------------------------------------- phases
+
+
+@dataclass
+class PhaseResult:
+    history: list[dict[str, float]]
+    final_train_loss: float
+    train_time_s: float
+    eval_time_s: float
+    tokens_per_s: float
+
+
+def run_phase(name: str, model: torch.nn.Module, steps: int, loss_fn: Callable[[torch.Tensor], torch.Tensor],
+              batches: Iterator[torch.Tensor], evaluate: Callable[[], dict[str, float]], cfg: TrainConfig,
+              progress: _Progress) -> PhaseResult:
+    """AdamW + warmup/cosine for ``steps`` steps, evaluating every ``cfg.eval_every`` steps and at the end."""
+    optimizer = make_optimizer(model, cfg)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, steps, cfg.warmup_fraction, cfg.min_lr_ratio))
+    history: list[dict[str, float]] = []
+    window: list[float] = []  # train losses since the last evaluation
+    train_time = eval_time = 0.0
+    with progress.phase(name, steps) as advance:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            model.train()
+            loss = loss_fn(next(batches))
+            if not torch.isfinite(loss):
+                raise SpecrtError(f"{name} training diverged at step {step} (loss {loss.item()}); lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            schedule.step()
+            window.append(loss.item())
+            train_time += time.perf_counter() - t0
+            advance(window[-1])
+            if step % cfg.eval_every == 0 or step == steps:
+                t0 = time.perf_counter()
+                metrics = {"step": step, "train_loss": sum(window) / len(window), **evaluate()}
+                eval_time += time.perf_counter() - t0
+                history.append(metrics)
+                progress.eval_line(name, step, {k: v for k, v in metrics.items() if k != "step"})
+                window = []
+    tokens = steps * cfg.batch_size * cfg.seq_len
+    return PhaseResult(history, history[-1]["train_loss"], train_time, eval_time, tokens / train_time)
+
+
+def train_target(target: torch.nn.Module, train: torch.Tensor, val: list[torch.Tensor], cfg: TrainConfig,
+                 progress: _Progress) -> PhaseResult:
+    gen = torch.Generator().manual_seed(cfg.seed + 1000)
+
+    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+        inputs, labels = _split_batch(batch, cfg.device)
+        return next_token_ce(_logits(target, inputs), labels)
+
+    return run_phase("target", target, cfg.target_steps, loss_fn,
+                     random_windows(train, cfg.seq_len, cfg.batch_size, gen),
+                     lambda: eval_target(target, val, cfg.device), cfg, progress)
+
+
+def train_draft(draft: torch.nn.Module, target: torch.nn.Module, train: torch.Tensor, val: list[torch.Tensor],
+                cfg: TrainConfig, progress: _Progress) -> PhaseResult:
+    target.eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(cfg.seed + 2000)
+
+    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+        inputs, labels = _split_batch(batch, cfg.device)
+        with torch.no_grad():
+            p_logits = _logits(target, inputs)
+        return distill_loss(_logits(draft, inputs), p_logits, labels, cfg.ce_weight)[0]
+
+    return run_phase("draft", draft, cfg.draft_steps, loss_fn,
+                     random_windows(train, cfg.seq_len, cfg.batch_size, gen),
+                     lambda: eval_draft(draft, target, val, cfg.device), cfg, progress)
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+
+
+@contextlib.contextmanager
+def _torch_settings(cfg: TrainConfig) -> Iterator[None]:
+    """Thread count and seeded RNG for the run, restoring the caller's afterwards."""
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    device = torch.device(cfg.device)
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(cfg.seed)
+            yield
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputPathError(f"{out} is not empty; pass --overwrite (overwrite=True) to train into it anyway")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def save_checkpoint(model: torch.nn.Module, tokenizer, folder: Path) -> None:
+    """``save_pretrained`` of model (safetensors) and tokenizer, without transformers' own progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    # transformers 5 writes its own class name, TokenizersBackend, which transformers 4 cannot load;
+    # PreTrainedTokenizerFast names the same tokenizer.json-backed class in both.
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _versions() -> dict[str, str]:
+    import tokenizers
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
+def train_demo(cfg: TrainConfig, out: Path, progress: bool = True, overwrite: bool = False) -> dict:
+    """Train the demo pair into ``out`` (``target/``, ``draft/``, ``training.json``, ``MODEL_CARD.md``);
+    returns the training.json record."""
+    out = Path(out)
+    _prepare_out(out, overwrite)
+    bar = _Progress(progress)
+    t_start = time.perf_counter()
+    with _torch_settings(cfg):
+        with bar.step("corpus"):
+            record = corpus.corpus_record(cfg.max_corpus_bytes, cfg.val_fraction)
+            train_texts = list(corpus.iter_texts("train", cfg.max_corpus_bytes, cfg.val_fraction))
+            val_texts = list(corpus.iter_texts("val", cfg.max_corpus_bytes, cfg.val_fraction))
+        with bar.step(f"tokenizer (byte-level BPE, {cfg.vocab_size} tokens)"):
+            t0 = time.perf_counter()
+            raw_tok = train_tokenizer(train_texts, cfg.vocab_size)  # fitted on train only: val stays unseen
+            train_stream, val_stream = token_stream(raw_tok, train_texts), token_stream(raw_tok, val_texts)
+            _check_stream("train", train_stream, cfg.seq_len)
+            _check_stream("val", val_stream, cfg.seq_len)
+            val = fixed_windows(val_stream, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+            tokenizer_time = time.perf_counter() - t0
+        vocab = raw_tok.get_vocab_size()
+        tokenizer = wrap_tokenizer(raw_tok, cfg.max_position_embeddings)
+        bar.log(f"corpus: {record.files} files, {record.bytes / 1e6:.2f} MB; tokens: {len(train_stream):,} train, "
+                f"{len(val_stream):,} val ({sum(b.numel() for b in val):,} used for evaluation)")
+
+        target = build_model(cfg.target, vocab, cfg, cfg.seed)
+        target_init = eval_target(target, val, cfg.device)
+        target_run = train_target(target, train_stream, val, cfg, bar)
+
+        draft = build_model(cfg.draft, vocab, cfg, cfg.seed + 1)
+        draft_init = eval_draft(draft, target, val, cfg.device)
+        draft_run = train_draft(draft, target, train_stream, val, cfg, bar)
+
+        with bar.step("acceptance on held-out windows"):
+            alpha = acceptance(target, draft, val, cfg.device)
+        with bar.step(f"save to {out}"):
+            for name, model in (("target", target), ("draft", draft)):
+                save_checkpoint(model, tokenizer, out / name)
+
+    result = {
+        "format": FORMAT_VERSION,
+        "config": asdict(cfg),
+        "corpus": asdict(record),
+        "tokens": {"vocab_size": vocab, "train": len(train_stream), "val": len(val_stream),
+                   "val_used": sum(b.numel() for b in val)},
+        "params": {"target": count_params(target), "draft": count_params(draft)},
+        "time_s": {"tokenizer": tokenizer_time, "target": target_run.train_time_s + target_run.eval_time_s,
+                   "draft": draft_run.train_time_s + draft_run.eval_time_s,
+                   "total": time.perf_counter() - t_start},
+        "target": _phase_record(target_init, target_run),
+        "draft": _phase_record(draft_init, draft_run),
+        "alpha": alpha,
+        "versions": _versions(),
+    }
+    (out / "training.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    (out / "MODEL_CARD.md").write_text(model_card(result))
+    return result
+
+
+def _phase_record(init: dict[str, float], run: PhaseResult) -> dict[str, Any]:
+    final = run.history[-1]
+    return {"init_" + k: v for k, v in init.items()} | {
+        "final_train_loss": run.final_train_loss,
+        **{"final_" + k: v for k, v in final.items() if k.startswith("val_")},
+        "train_time_s": run.train_time_s, "eval_time_s": run.eval_time_s, "tokens_per_s": run.tokens_per_s,
+        "history": run.history,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- model card
+
+
+def model_card(record: dict) -> str:
+    """A short markdown model card rendered from a training.json record."""
+    from ...theory import expected_tokens
+
+    cfg, corp, alpha = record["config"], record["corpus"], record["alpha"]
+    t, d = cfg["target"], cfg["draft"]
+    a_t1 = alpha["alpha_t1"]
+    lines = [
+        "# specrt demo target/draft pair",
+        "",
+        "Two small Llama-architecture causal language models trained from scratch on Python source code, shipped "
+        "so that `specrt` can demonstrate speculative decoding without downloading anything. They complete Python "
+        "code plausibly but are toys: do not use them for anything else.",
+        "",
+        "## Data",
+        "",
+        f"- {corp['source']}, Python {corp['python_version']}, licence {corp['licence']}.",
+        f"- {corp['files']} files, {corp['bytes']:,} bytes ({corp['train_files']} train / {corp['val_files']} "
+        f"validation files, split by sha1 of the relative path, {corp['val_fraction']:.0%} held out)"
+        + (f", capped at {corp['max_bytes']:,} bytes per split" if corp["max_bytes"] else "") + ".",
+        f"- sha256 over (path, length, contents) of every file used: `{corp['sha256']}`.",
+        f"- Tokenizer: byte-level BPE, {record['tokens']['vocab_size']} tokens, `<s>` = 0 (prepended), `</s>` = 1 "
+        f"(ends each file); {record['tokens']['train']:,} training tokens.",
+        "",
+        "## Models",
+        "",
+        "| | hidden | layers | heads | kv heads | MLP | parameters |",
+        "|---|---|---|---|---|---|---|",
+        f"| target | {t['hidden']} | {t['layers']} | {t['heads']} | {t['kv_heads']} | {t['intermediate']} | "
+        f"{record['params']['target']:,} |",
+        f"| draft | {d['hidden']} | {d['layers']} | {d['heads']} | {d['kv_heads']} | {d['intermediate']} | "
+        f"{record['params']['draft']:,} |",
+        "",
+        f"Tied embeddings, {cfg['max_position_embeddings']} positions, fp32. Trained on CPU with AdamW "
+        f"(lr {cfg['lr']:g}, warmup then cosine), batch {cfg['batch_size']} x {cfg['seq_len']} tokens: the target "
+        f"for {cfg['target_steps']} steps ({record['time_s']['target'] / 60:.1f} min) by next-token cross entropy, "
+        f"then the draft for {cfg['draft_steps']} steps ({record['time_s']['draft'] / 60:.1f} min) by distillation "
+        f"from the frozen target ({1 - cfg['ce_weight']:g} x KL(p_target || q_draft) + {cfg['ce_weight']:g} x CE).",
+        "",
+        "## Results (held-out files)",
+        "",
+        "| | val loss at init | val loss | train objective |",
+        "|---|---|---|---|",
+        f"| target | {record['target']['init_val_loss']:.3f} | {record['target']['final_val_loss']:.3f} | "
+        f"{record['target']['final_train_loss']:.3f} |",
+        f"| draft | {record['draft']['init_val_loss']:.3f} | {record['draft']['final_val_loss']:.3f} | "
+        f"{record['draft']['final_train_loss']:.3f} |",
+        "",
+        "Losses are nats per token; the draft's train objective is its KL/CE mix, its val loss plain CE.",
+        "",
+        f"- Draft KL(p_target || q_draft): {record['draft']['init_val_kl']:.3f} at init, "
+        f"{record['draft']['final_val_kl']:.3f} after distillation (nats per token).",
+        f"- Acceptance rate, greedy (argmax agreement): {alpha['alpha_greedy']:.3f}; at temperature 1 "
+        f"(mean sum_x min(p, q)): {a_t1:.3f}, over {alpha['positions']:,} positions.",
+        f"- At temperature 1 with gamma = 4 drafted tokens, that is about "
+        f"{expected_tokens(min(max(a_t1, 0.0), 1.0), 4):.2f} tokens per target pass (Leviathan et al., i.i.d. "
+        "acceptance).",
+        "",
+        "## Reproduce",
+        "",
+        "```",
+        "python -m specrt.export.demo.train --out DIR --config training.json",
+        "```",
+        "",
+        f"Trained with Python {record['versions']['python']}, torch {record['versions']['torch']}, transformers "
+        f"{record['versions']['transformers']}, tokenizers {record['versions']['tokenizers']}, "
+        f"{cfg['threads']} threads, seed {cfg['seed']}. The same versions and thread count give the same weights.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specrt.export.demo.train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="output folder (target/, draft/, training.json)")
+    base = p.add_mutually_exclusive_group()
+    base.add_argument("--tiny", action="store_true", help="smoke-test preset (seconds; useless models)")
+    base.add_argument("--config", type=Path, help="start from the config of a training.json (or a config JSON)")
+    p.add_argument("--target-steps", type=int)
+    p.add_argument("--draft-steps", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--target-shape", type=str, metavar="H,L,HEADS,KV,FF", help="e.g. 384,6,6,2,1024")
+    p.add_argument("--draft-shape", type=str, metavar="H,L,HEADS,KV,FF", help="e.g. 128,2,4,1,384")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--ce-weight", type=float, help="weight of the CE term in the draft loss (rest is KL)")
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--eval-batches", type=int)
+    p.add_argument("--max-corpus-bytes", type=int, help="cap each split at this many bytes (tiny runs)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--device", type=str, help="torch device [default: cpu]")
+    p.add_argument("--overwrite", action="store_true", help="train into a non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    if args.tiny:
+        cfg = TrainConfig.tiny()
+    elif args.config:
+        try:
+            data = json.loads(args.config.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read config {args.config}: {e}") from None
+        cfg = TrainConfig.from_dict(data.get("config", data))
+    else:
+        cfg = TrainConfig()
+    overrides = {name: getattr(args, name) for name in (
+        "target_steps", "draft_steps", "vocab_size", "seq_len", "batch_size", "lr", "ce_weight", "eval_every",
+        "eval_batches", "max_corpus_bytes", "seed", "threads", "device") if getattr(args, name) is not None}
+    for name in ("target_shape", "draft_shape"):
+        if getattr(args, name) is not None:
+            overrides[name.removesuffix("_shape")] = ModelShape.parse(getattr(args, name))
+    return replace(cfg, **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except (ConfigError, TypeError) as e:
+        parser.error(str(e))
+    try:
+        result = train_demo(cfg, args.out, progress=not args.quiet, overwrite=args.overwrite)
+    except SpecrtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    alpha = result["alpha"]
+    print(f"target val loss {result['target']['final_val_loss']:.3f}, draft val loss "
+          f"{result['draft']['final_val_loss']:.3f}, alpha greedy {alpha['alpha_greedy']:.3f}, "
+          f"alpha T=1 {alpha['alpha_t1']:.3f} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Tokens/s and the figures behind them, per method, measured in ONE run on the same backend.
+
+Speedups are ratios to ``none`` measured in the same run with the methods interleaved per repeat,
+so drift of the machine hits every method alike; peers (``specrt.measure.peers``: Hugging Face, ONNX Runtime
+GenAI) run inside the same loop. Nothing here is a timed assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import theory
+from ..errors import ConfigError, SpecrtError
+from ..runtime.generator import SpeculativeGenerator
+from ..runtime.sampling import SamplingConfig
+from ..runtime.tree import TreeShape
+from . import roofline
+from .bandwidth import Bandwidth
+from .energy import per_token as energy_per_token
+from .peers import COUNTING, Peer, PeerRun
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """A JSON list of strings, or a text file with one prompt per line (\\n escapes allowed)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read prompts from {p}: {e.strerror}") from None
+    if p.suffix == ".json":
+        prompts = json.loads(text)
+    else:
+        prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
+    if not prompts or not all(isinstance(x, str) for x in prompts):
+        raise ConfigError(f"{p} holds no prompts")
+    return prompts
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    methods: tuple[str, ...] = ("none", "draft", "tree", "ngram")
+    max_new_tokens: int = 128
+    repeats: int = 3
+    gamma: int | str = 4
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    tree: TreeShape = TreeShape()
+    seed: int = 0  # repeat r samples with seed + r
+    # With sampling: also greedy plain decoding in every repeat, right beside the sampled none run, so
+    # that what sampling costs is a ratio measured in one run (separate runs drift apart on a busy machine).
+    greedy_baseline: bool = True
+
+    def __post_init__(self) -> None:
+        SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
+        if "none" not in self.methods:
+            raise ConfigError("methods must include 'none': every speedup is measured against it")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise ConfigError("repeats and max_new_tokens must be >= 1")
+
+
+def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
+              on_progress: Callable[[str], None] | None = None, peers: Sequence[Peer] = (),
+              bandwidth: Bandwidth | None = None, energy=None) -> dict:
+    """Median over repeats of whole-prompt-set figures per method and peer; greedy runs also check parity
+    with none. Peers decode from specrt's prompt ids with the same sampling settings and seeds.
+
+    Every row has ``bytes_per_token`` (weights + KV cache read per generated token); with ``bandwidth``
+    also the bandwidth achieved, its share of the roofline and the roofline's tokens/s; with ``energy``
+    (an :class:`specrt.measure.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
+    gen.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up: first-call allocations
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    prompt_ids = [gen.encode(p) for p in prompts]
+    for peer in peers:
+        peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
+    runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+    peer_runs: dict[str, list[PeerRun]] = {p.name: [] for p in peers}
+    outputs: dict[str, list[list[int]]] = {}
+    baseline = cfg.greedy_baseline and not sampling.greedy
+    greedy_runs: list[dict] = []
+    for r in range(cfg.repeats):
+        for method in cfg.methods:
+            beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
+            if beside and r % 2 == 0:
+                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
+            if on_progress:
+                on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
+            if energy is not None:
+                energy.begin()
+            stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
+                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                  seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
+            outputs.setdefault(method, [s.token_ids for s in stats])
+            joules = sum(energy.end().values()) if energy is not None else None
+            runs[method].append(_aggregate([s.stats for s in stats], joules))
+            if beside and r % 2 == 1:
+                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
+        for peer in peers:
+            if on_progress:
+                on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
+            peer_runs[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
+    costs = model_costs(gen)
+    result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
+                         "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
+                         "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts),
+                         "vocab": gen.manifest.target.dims.vocab_size,
+                         "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
+                         "model_costs": {role: {"weight_bytes": c.weight_bytes,
+                                                "matmul_flops_per_token": c.matmul_flops_per_token, "source": c.source}
+                                         for role, c in costs.items()},
+                         **({"energy_sources": energy.names} if energy is not None else {})},
+              "methods": {}}
+    base = statistics.median(x["tokens_per_second"] for x in runs["none"])
+    decode_ms = statistics.median(x["target_pass_ms"] for x in runs["none"])
+    for method, reps in runs.items():
+        row = {k: statistics.median(x[k] for x in reps if x[k] is not None) if any(x[k] is not None for x in reps)
+               else None for k in reps[0]}
+        row["speedup_vs_none"] = row["tokens_per_second"] / base
+        # The theory counts cost in plain decode steps: c = draft pass / plain target pass. Verifying
+        # γ+1 tokens costs more than one plain pass on a CPU; verify_cost shows by how much.
+        row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
+        row["verify_cost"] = row["target_pass_ms"] / decode_ms
+        gamma = round(row["mean_gamma"])
+        if row["alpha"] is not None and gamma and method != "tree":
+            row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
+            row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
+                                                 / (gamma * row["c"] + row["verify_cost"]))
+            row["achieved_over_predicted"] = row["speedup_vs_none"] / row["predicted_speedup"]
+        else:
+            row["predicted_speedup"] = None
+        if cfg.temperature == 0:
+            row["greedy_matches_none"] = outputs[method] == outputs["none"]
+        if greedy_runs:  # each repeat's own ratio: its runs were neighbours in time
+            row["vs_greedy_none"] = statistics.median(x["tokens_per_second"] / g["tokens_per_second"]
+                                                      for x, g in zip(reps, greedy_runs))
+        row.update(_traffic(row, method, costs, gen, bandwidth))
+        result["methods"][method] = row
+    if greedy_runs:
+        result["greedy_baseline"] = {k: statistics.median(g[k] for g in greedy_runs)
+                                     for k in ("tokens_per_second", "host_ms_per_token", "target_pass_ms")}
+    if bandwidth is not None:
+        plain = result["methods"]["none"]
+        result["roofline"] = {"device": bandwidth.device, "read_gbps": bandwidth.read_gbps,
+                              "copy_gbps": bandwidth.copy_gbps, "array_bytes": bandwidth.array_bytes,
+                              "plain_bytes_per_token": plain["bytes_per_token"],
+                              "plain_roofline_tokens_per_second": plain["roofline_tokens_per_second"],
+                              "plain_tokens_per_second": plain["tokens_per_second"]}
+    if peers:
+        result["config"]["peers"] = {
+            "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                         "seeds": [cfg.seed + r for r in range(cfg.repeats)]},
+            "prompt_ids": "specrt's: every peer decodes from the ids specrt's tokenizer made",
+            "counting": COUNTING}
+        result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], prompts, prompt_ids, result["methods"],
+                                             outputs["none"] if cfg.temperature == 0 else None) for p in peers}
+    return result
+
+
+def _greedy_none(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
+                 on_progress: Callable[[str], None] | None, r: int) -> dict:
+    """One repeat of greedy plain decoding over the prompts: the baseline a sampled run is measured against."""
+    if on_progress:
+        on_progress(f"repeat {r + 1}/{cfg.repeats} · none, greedy (the baseline)")
+    return _aggregate([gen.generate(p, max_new_tokens=cfg.max_new_tokens, method="none").stats for p in prompts])
+
+
+def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: list[list[int]], ours: dict,
+              none_tokens: list[list[int]] | None) -> dict:
+    """A peer's median tokens/s, each method's ratio to it, whether its own tokenizer gives specrt's prompt
+    ids, and (greedy) the share of prompts where its tokens equal specrt none's."""
+    tps = statistics.median(x.tokens_per_second for x in reps)
+    row = {"description": peer.description, **peer.details, "tokens_per_second": tps,
+           "new_tokens": statistics.median(sum(len(t) for t in x.token_ids) for x in reps),
+           "prompt_ids_equal": _share(peer.encode(p) == ids for p, ids in zip(prompts, prompt_ids)),
+           "over_peer": {m: r["tokens_per_second"] / tps for m, r in ours.items()}}
+    if none_tokens is not None:
+        row["greedy_matches_none"] = _share(a == b for a, b in zip(reps[0].token_ids, none_tokens))
+    return row
+
+
+def _share(flags) -> float:
+    flags = list(flags)
+    return sum(flags) / len(flags)
+
+
+def model_costs(gen: SpeculativeGenerator) -> dict[str, roofline.ModelCost]:
+    """Weight bytes and matmul FLOPs per pass of each graph the bundle runs (target, draft, Medusa heads)."""
+    m = gen.manifest
+    costs = {role: roofline.entry_cost(gen.bundle, entry) for role, entry in m.models.items()}
+    if m.medusa is not None:
+        costs["medusa"] = roofline.file_cost(Path(gen.bundle) / m.medusa.file, np.dtype(m.target.dtype).itemsize)
+    return costs
+
+
+def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: SpeculativeGenerator,
+             bandwidth: Bandwidth | None) -> dict:
+    """Bytes per generated token from the measured passes per token at the measured mean context (the
+    draft reads its own cache over the same positions), and what the bandwidth makes of them."""
+    m = gen.manifest
+    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method == "medusa" else 0)
+    ctx = row["mean_context"]
+    target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
+    draft = (roofline.PassBytes(costs["draft"].weight_bytes, roofline.kv_bytes_per_position(m.draft.dims, m.draft.dtype)
+                                * ctx) if m.draft is not None else None)
+    b = roofline.bytes_per_token(1.0, row["target_passes_per_token"], target,
+                                 row["draft_passes_per_token"] if draft else 0.0, draft)
+    # Arithmetic per token against plain decoding, as measured (Eq. 11's counterpart): each target pass
+    # computes mean_gamma + 1 positions, each draft pass one; Medusa's heads are not counted.
+    flops_t = costs["target"].matmul_flops_per_token
+    ops = (row["target_passes_per_token"] * (row["mean_gamma"] + 1)
+           + (row["draft_passes_per_token"] * costs["draft"].matmul_flops_per_token / flops_t if draft else 0.0))
+    out: dict = {"bytes_per_token": b, "ops_factor": ops if flops_t else None}
+    if bandwidth is not None:
+        achieved = roofline.achieved_gbps(b, row["tokens_per_second"])
+        out.update(achieved_gbps=achieved, roofline_fraction=achieved / bandwidth.read_gbps,
+                   roofline_tokens_per_second=roofline.roofline_tokens_per_second(bandwidth.read_gbps, b))
+    return out
+
+
+def _aggregate(stats: list, joules: float | None = None) -> dict:
+    tokens = sum(s.new_tokens for s in stats)
+    total = sum(s.total_s for s in stats)
+    passes = sum(s.target_passes for s in stats)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    betas = [s.alpha_estimate for s in stats if s.alpha_estimate is not None]
+    steps = passes - len(stats)
+    draft_passes = sum(s.draft_passes for s in stats)
+    verify_s, draft_s = sum(s.verify_s for s in stats), sum(s.draft_s for s in stats)
+    t_target = verify_s / steps if steps else 0.0
+    return {
+        "tokens_per_second": tokens / total,
+        "tokens_per_target_pass": tokens / passes,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "alpha": statistics.mean(betas) if betas else None,
+        "mean_gamma": statistics.mean(s.mean_gamma for s in stats),
+        "target_pass_ms": 1000 * t_target,
+        "draft_pass_ms": 1000 * draft_s / draft_passes if draft_passes else None,
+        "share_draft": draft_s / total, "share_verify": verify_s / total,
+        "share_prefill": sum(s.prefill_s for s in stats) / total,
+        "share_host": sum(s.other_s for s in stats) / total,
+        # Host work per token: everything outside the engines' forward calls (warping, sampling,
+        # acceptance, cache bookkeeping, detokenising), across draft and target.
+        "host_ms_per_token": 1000 * sum(s.host_s for s in stats) / tokens,
+        "share_engine": sum(s.engine_s for s in stats) / total,
+        "d2h_bytes_per_target_pass": statistics.mean(s.d2h_bytes_per_target_pass for s in stats),
+        "target_passes_per_token": passes / tokens,
+        "draft_passes_per_token": draft_passes / tokens,
+        # Positions each pass reads on average: passes run from the prompt's end to its end + new tokens.
+        "mean_context": statistics.mean(s.prompt_tokens + s.new_tokens / 2 for s in stats),
+        **({} if joules is None else _energy(joules, tokens)),
+    }
+
+
+def _energy(joules: float, tokens: int) -> dict:
+    # A counter that did not advance (NVML updates every 20-100 ms) measured nothing: None, not infinity.
+    if joules <= 0:
+        return {"joules": None, "joules_per_token": None, "tokens_per_joule": None}
+    j_tok, tok_j = energy_per_token(joules, tokens)
+    return {"joules": joules, "joules_per_token": j_tok, "tokens_per_joule": tok_j}
+
+
+def make_peers(gen: SpeculativeGenerator, kinds: Sequence[str], hf_target: str | None = None,
+               hf_draft: str | None = None, threads: int | None = None, peer_precision: str | None = None,
+               peer_cache: str | Path | None = None, on_progress: Callable[[str], None] | None = None) -> list[Peer]:
+    """The peers ``kinds`` ("hf", "ortgenai") on the bundle's source checkpoints (or ``hf_target`` /
+    ``hf_draft``); ONNX Runtime GenAI's model is built at the bundle's precision, or ``peer_precision``."""
+    import importlib.util
+
+    if peer_precision and "ortgenai" not in kinds:
+        raise ConfigError("--peer-precision applies to --compare ortgenai")
+    m = gen.manifest
+    target = Path(hf_target or m.target.source)
+    peers: list[Peer] = []
+    for kind in kinds:
+        if kind == "hf":
+            missing = [x for x in ("torch", "transformers") if importlib.util.find_spec(x) is None]
+            if missing:
+                raise SpecrtError(f"--compare hf needs torch and transformers ({missing[0]} is missing): "
+                                  "pip install torch==2.13.0 && pip install 'specrt[export]'")
+            from .peers.hf import hf_peers
+
+            draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
+            peers += hf_peers(target, draft, threads=threads)
+        elif kind == "ortgenai":
+            from .peers.ortgenai import default_cache_dir, ortgenai_peer
+
+            peers.append(ortgenai_peer(target, m.target, Path(peer_cache) if peer_cache else default_cache_dir(),
+                                       peer_precision, threads, on_progress))
+        else:
+            raise ConfigError(f"unknown peer {kind!r}")
+    return peers

@@ -1,0 +1,112 @@
+"""``specrt plan``: which γ to use, from α and c given or measured on a bundle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import theory
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    gamma: int
+    expected_tokens: float  # per target pass
+    relative_cost: float  # γc + 1, in target passes
+    speedup: float
+    ops_factor: float  # arithmetic operations vs plain decoding (Leviathan et al. Eq. 11)
+
+
+def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None) -> list[PlanRow]:
+    """One row per γ in [1, max_gamma]. ``mu``: draft / target arithmetic per token for the ops factor
+    [default: c, a time ratio standing in for it]."""
+    mu = c if mu is None else mu
+    if not 0 <= alpha <= 1:
+        raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
+    if c < 0:
+        raise ConfigError(f"c must be >= 0, got {c}")
+    if mu < 0:
+        raise ConfigError(f"mu must be >= 0, got {mu}")
+    if not 1 <= max_gamma <= 64:
+        raise ConfigError(f"max gamma must be in [1, 64], got {max_gamma}")
+    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + 1, theory.speedup(alpha, g, c),
+                    theory.ops_factor(alpha, g, mu)) for g in range(1, max_gamma + 1)]
+
+
+def oracle_line(alpha: float, row: PlanRow) -> str:
+    """How close a γ's expected tokens per pass come to the unlimited-γ ceiling 1 / (1 - α)."""
+    ceiling = theory.oracle_tokens(alpha)
+    if ceiling == float("inf"):
+        return "oracle ceiling (γ → ∞): unbounded at α = 1; every drafted token is accepted"
+    return (f"oracle ceiling (γ → ∞): {ceiling:.2f} tokens per target pass; γ = {row.gamma} reaches "
+            f"{row.expected_tokens:.2f}, {row.expected_tokens / ceiling:.0%} of it")
+
+
+def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, str]:
+    """μ of a bundle's draft: draft / target matmul FLOPs per token from the graphs (manifest figures, else
+    read with onnx, else estimated), plus attention at ``context`` positions from the manifest dims; and
+    a line saying where it came from."""
+    from . import roofline
+
+    if manifest.draft is None:
+        raise ConfigError("this bundle has no draft model: mu needs one")
+    if context < 0:
+        raise ConfigError(f"context must be >= 0, got {context}")
+    t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, manifest.draft)
+    mu = roofline.mu(d, t, manifest.draft.dims, manifest.target.dims, context)
+    sources = " and ".join(sorted({t.source, d.source}))
+    return mu, (f"μ = {mu:.4f}: draft / target matmul FLOPs per token ({d.matmul_flops_per_token / 1e6:.1f}M / "
+                f"{t.matmul_flops_per_token / 1e6:.1f}M, {sources})"
+                + (f" + attention at context {context}" if context else ""))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    alpha: float  # mean Σmin(p, q) over verified prefixes
+    acceptance_rate: float  # accepted / drafted
+    c: float  # draft pass time / plain target decode pass time (as bench reports it)
+    temperature: float
+    prompts: int
+
+
+def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,
+            seed: int = 0) -> Measurement:
+    """α and c of a bundle's draft on this backend, measured as ``specrt bench`` measures them (α: mean
+    Σmin(p, q) over verified prefixes, as Leviathan et al. estimate it; c: draft pass / plain target pass)."""
+    from .bench import BenchConfig, run_bench
+
+    if gen.manifest.draft is None:
+        raise ConfigError("this bundle has no draft model to measure")
+    cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, gamma=gamma,
+                      temperature=temperature, seed=seed)
+    row = run_bench(gen, prompts, cfg)["methods"]["draft"]
+    return Measurement(alpha=row["alpha"], acceptance_rate=row["acceptance_rate"], c=row["c"],
+                       temperature=temperature, prompts=len(prompts))
+
+
+def plot(alpha: float, c: float, max_gamma: int, path: str | Path) -> Path:
+    """Speedup vs γ at this α for the given c and a few others, as a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'specrt[plot]'") from None
+    gammas = list(range(1, max_gamma + 1))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cc in sorted({c, 0.01, 0.05, 0.1, 0.2, 0.5}):
+        ys = [theory.speedup(alpha, g, cc) for g in gammas]
+        ax.plot(gammas, ys, marker="o", ms=3, lw=2.5 if cc == c else 1, label=f"c = {cc:g}" + (" (yours)" if cc == c else ""))
+    best = theory.optimal_gamma(alpha, c, max_gamma)
+    ax.axvline(best, color="grey", ls=":", lw=1)
+    ax.axhline(1.0, color="black", lw=0.5)
+    ax.set(xlabel="γ (drafted tokens per target pass)", ylabel="speedup over plain decoding",
+           title=f"Speculative decoding at α = {alpha:.2f}: optimal γ = {best} for c = {c:g}")
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,72 @@
+"""A decoder together with its cache and the shared sampling config."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .backends import Decoder
+from .masks import speculation_mask
+from .rows import LogitRows
+from .sampling import SamplingConfig
+
+
+class CachedModel:
+    """Feeds a decoder whatever its cache lacks and returns its rows of logits, warped on demand into
+    distributions over ``vocab`` ids (a draft whose padded vocabulary differs is cut or zero-extended).
+
+    Invariant: the cache holds K/V for ``tokens[:cache.length]`` of the context it was fed.
+    """
+
+    def __init__(self, decoder: Decoder, max_context: int, vocab: int) -> None:
+        self.decoder = decoder
+        self.cache = decoder.new_cache(max_context)
+        self.vocab = vocab
+        self.passes = 0
+        self.forward_s = 0.0  # time inside the engine's forward calls; the rest of a step is host work
+        self._copied = 0  # device-to-host bytes of the outputs of passes before the last one
+        self._device = None  # the last pass's logits when they stayed on the device
+        self._serial = 0
+        self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
+
+    def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
+            last: int) -> LogitRows:
+        """One forward pass over ``tokens`` appended after ``cache.length``; the last ``last`` rows of
+        logits, valid until this model's next pass. All fed entries become valid; a caller that
+        rejects some rolls back the cache."""
+        q_len = len(tokens)
+        t0 = time.perf_counter()
+        out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
+        self.forward_s += time.perf_counter() - t0
+        self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
+        # Only the rows the caller reads are summarised on the device (a prefill's last, not the prompt's).
+        self._device = out.device_logits.tail(last) if out.device_logits is not None else None
+        self.cache.advance(q_len)
+        self.passes += 1
+        self._serial += 1  # never reset: tells rows of this pass from rows of any later one
+        self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
+        made_at = self._serial
+        valid = lambda: self._serial == made_at  # noqa: E731
+        if self._device is not None:
+            return LogitRows(None, sampling, self.vocab, valid, device=self._device, count=last)
+        return LogitRows(out.logits[q_len - last:], sampling, self.vocab, valid)
+
+    def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
+             tree_parents: list[int] | tuple[int, ...] = ()) -> LogitRows:
+        """Feed context ``tokens`` causally, optionally followed by a token tree hanging below the last
+        of them (``tree_parents`` covers the final ``len(tree_parents)`` entries of ``tokens``)."""
+        prefix = len(tokens) - len(tree_parents)
+        mask, positions = speculation_mask(self.cache.length, prefix, tree_parents)
+        return self.run(tokens, positions, mask, sampling, last)
+
+    @property
+    def copied_bytes(self) -> int:
+        """Device-to-host bytes of every pass so far, including rows copied up after the pass."""
+        return self._copied + (self._device.copied_bytes if self._device is not None else 0)
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+        self.passes = 0
+        self._copied, self._device = 0, None
+        self.forward_s = 0.0

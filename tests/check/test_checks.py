@@ -1,0 +1,119 @@
+"""specrt verify's checks: each passes on a good bundle and fails on a broken one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import helper
+
+import specrt
+from specrt.check.verify import (
+    check_draft_pays,
+    check_golden,
+    check_greedy,
+    check_sampling,
+)
+from specrt.cli import main
+from specrt.measure.plan import plan_table
+
+
+def shift_draft_vocab(bundle) -> None:
+    """Break a bundle on purpose: the draft's logits rotated by one id (a draft with shifted tokens)."""
+    path = bundle / "draft.onnx"
+    model = onnx.load(str(path))
+    g = model.graph
+    for node in g.node:
+        node.output[:] = ["logits_raw" if o == "logits" else o for o in node.output]
+    ints = lambda name, vals: helper.make_tensor(name, onnx.TensorProto.INT64, [len(vals)], vals)  # noqa: E731
+    g.initializer.extend([ints("s1", [1]), ints("e_big", [1 << 62]), ints("s0", [0]), ints("ax", [2])])
+    g.node.extend([
+        helper.make_node("Slice", ["logits_raw", "s1", "e_big", "ax"], ["tail"]),
+        helper.make_node("Slice", ["logits_raw", "s0", "s1", "ax"], ["head"]),
+        helper.make_node("Concat", ["tail", "head"], ["logits"], axis=2),
+    ])
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def close(close_bundle):
+    return specrt.load(close_bundle, threads=1)
+
+
+def test_golden_logits_pass_and_catch_a_changed_graph(close, close_bundle, tmp_path):
+    assert all(check_golden(close, role).passed for role in ("target", "draft"))
+    bundle = tmp_path / "b"
+    shutil.copytree(close_bundle, bundle)
+    m = json.loads((bundle / "specrt.json").read_text())
+    m["models"]["target"]["golden"]["top_logits"][3][0] += 0.01
+    (bundle / "specrt.json").write_text(json.dumps(m))
+    ch = check_golden(specrt.load(bundle, threads=1), "target")
+    assert not ch.passed and ch.figures["max_abs_diff"] > 0.009
+
+
+def test_greedy_and_sampling_checks_pass_on_an_exact_runtime(close):
+    prompts = ["def fib(n):", "import os\n"]
+    greedy, alpha, c = check_greedy(close, "draft", prompts, 24, 4)
+    assert greedy.passed and 0 < alpha < 1 and c > 0
+    ch = check_sampling(close, "draft", prompts[0], samples=600, gamma=4)
+    assert ch.passed and ch.figures["outcomes"] <= 16
+
+
+def test_shifted_draft_fails_the_draft_check(close_bundle, tmp_path):
+    bundle = tmp_path / "shifted"
+    shutil.copytree(close_bundle, bundle)
+    shift_draft_vocab(bundle)
+    gen = specrt.load(bundle, threads=1)
+    greedy, alpha, c = check_greedy(gen, "draft", ["def fib(n):", "class A:"], 24, 4)
+    assert greedy.passed  # exact acceptance hides the broken draft from the output...
+    assert alpha < 0.05  # ...but not from the acceptance rate
+    assert not check_draft_pays(alpha, 0.1).passed
+    assert not check_golden(gen, "draft").passed
+
+
+def test_draft_pays_is_the_theory():
+    assert check_draft_pays(0.8, 0.05).passed
+    ch = check_draft_pays(0.1, 0.3)
+    assert not ch.passed and ch.figures["best_speedup"] < 1
+    assert not check_draft_pays(None, 0.1).passed
+
+
+def test_verify_cli_reports_pass_fail(close_bundle):
+    res = CliRunner().invoke(main, ["verify", "--bundle", str(close_bundle), "--samples", "200",
+                                    "--max-new-tokens", "16", "--prompt-set", "code"])
+    assert "PASS  greedy draft == plain" in res.output and "PASS  target logits vs PyTorch" in res.output
+    # The close pair's draft is as large as its target (c ~ 1): it cannot pay for itself.
+    assert "FAIL  draft pays for itself" in res.output and res.exit_code == 1
+
+
+def test_plan_table_and_cli():
+    rows = plan_table(0.8, 0.02, 16)
+    best = max(rows, key=lambda r: r.speedup)
+    assert best.gamma == 11 and round(rows[9].speedup, 2) == 3.81
+    assert rows[0].expected_tokens == pytest.approx(1.8) and rows[0].relative_cost == pytest.approx(1.02)
+    res = CliRunner().invoke(main, ["plan", "--alpha", "0.8", "--c", "0.02"])
+    assert res.exit_code == 0 and "optimal γ = 11: 3.82x" in res.output
+    res = CliRunner().invoke(main, ["plan", "--alpha", "2", "--c", "0.1"])
+    assert res.exit_code == 1 and "alpha must be in [0, 1]" in res.output
+    res = CliRunner().invoke(main, ["plan", "--alpha", "0.5"])
+    assert res.exit_code == 2
+
+
+def test_plan_measures_a_bundle(close_bundle):
+    res = CliRunner().invoke(main, ["plan", "--bundle", str(close_bundle), "--temperature", "0", "--max-gamma", "8"])
+    assert res.exit_code == 0, res.output
+    assert "measured on" in res.output and "optimal γ" in res.output
+
+
+def test_plan_plot_writes_a_png_or_names_the_extra(tmp_path):
+    out = tmp_path / "speedup.png"
+    res = CliRunner().invoke(main, ["plan", "--alpha", "0.7", "--c", "0.05", "--plot", str(out)])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert res.exit_code == 1 and "pip install 'specrt[plot]'" in res.output
+    else:
+        assert res.exit_code == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,142 @@
+"""Weight-only quantized bundles: what is quantized, what is recorded, bad input, and exactness of
+speculation with respect to the quantized target."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from test_runtime import PROMPTS, exact_sequence_distribution
+
+import specrt
+from specrt.bundle.manifest import load_manifest
+from specrt.cli import main
+from specrt.errors import ConfigError
+from specrt.export.quantize import QuantizeOptions, quantize_bundle
+from specrt.runtime.sampling import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def int4_close(close_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / "int4"
+    quantize_bundle(close_bundle, out, QuantizeOptions(bits=4, block_size=32))
+    return out
+
+
+def test_every_matmul_with_weights_is_quantized_and_the_lookup_stays_float(int4_close, close_bundle):
+    m = load_manifest(int4_close)
+    for role, entry in m.models.items():
+        graph = onnx.load(str(int4_close / entry.file)).graph
+        ops = [n.op_type for n in graph.node]
+        q = entry.quantization
+        assert q["bits"] == 4 and q["block_size"] == 32 and q["format"] == "MatMulNBits"
+        per_layer = 4 if entry.graph == "fused" else 7  # fused: packed q|k|v and gate|up
+        assert ops.count("MatMulNBits") == len(q["quantized_matmuls"]) == per_layer * entry.dims.num_layers + 1  # + head
+        assert q["bytes_after"] < q["bytes_before"] and q["parity"]["mean_kl"] <= q["parity"]["max_mean_kl"]
+        # The head reads a quantized copy; the embedding lookup still gathers from a float matrix.
+        head = next(n for n in graph.node if "logits" in n.output)
+        assert head.op_type == "MatMulNBits" or any(
+            p.op_type == "MatMulNBits" for p in graph.node if p.output[0] in head.input)
+        gather = next(n for n in graph.node if n.op_type == "Gather" and "input_ids" in n.input)
+        table = next(i for i in graph.initializer if i.name == gather.input[0])
+        assert table.data_type == onnx.TensorProto.FLOAT
+    assert not m.engines and load_manifest(close_bundle).target.quantization is None
+
+
+def test_speculation_over_a_quantized_target_gives_its_greedy_tokens(int4_close):
+    gen = specrt.load(int4_close, threads=1)
+    for prompt in PROMPTS:
+        want = gen.generate(prompt, max_new_tokens=24, method="none").token_ids
+        for method in ("draft", "tree", "ngram"):
+            assert gen.generate(prompt, max_new_tokens=24, method=method).token_ids == want, (prompt, method)
+
+
+def test_sampled_speculation_over_a_quantized_pair_is_the_quantized_target_s_distribution(int4_close):
+    gen = specrt.load(int4_close, threads=1)
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    prompt = "for i in range(10):\n    print(i"
+    exact = exact_sequence_distribution(gen, gen.encode(prompt), 3, cfg)
+    n = 1500
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(n):
+        out = tuple(gen.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method="draft",
+                                 gamma=2).token_ids)
+        counts[out] = counts.get(out, 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
+    assert tv < np.sqrt(27 / n), tv
+
+
+def test_bad_quantization_requests_are_one_line_errors_with_no_output(close_bundle, int4_close, tmp_path):
+    with pytest.raises(ConfigError, match="int4 or int8"):
+        QuantizeOptions(bits=3)
+    with pytest.raises(ConfigError, match="block size"):
+        QuantizeOptions(block_size=48)
+    with pytest.raises(ConfigError, match="does not divide"):
+        quantize_bundle(close_bundle, tmp_path / "a", QuantizeOptions(block_size=128))
+    with pytest.raises(ConfigError, match="already quantized"):
+        quantize_bundle(int4_close, tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+    res = CliRunner().invoke(main, ["quantize", str(int4_close), "-o", str(tmp_path / "c")])
+    assert res.exit_code == 1 and "already quantized" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "d"), "--bits", "int8",
+                                    "--draft-quantize", "none"])
+    assert res.exit_code == 0, res.output
+    m = load_manifest(tmp_path / "d")
+    assert m.target.quantization["bits"] == 8 and m.draft.quantization is None
+    assert "target: int8" in res.output and "draft: float32 (not quantized)" in res.output
+
+
+def test_verify_compares_a_quantized_bundle_by_agreement(int4_close):
+    from specrt.check.verify import check_golden
+
+    gen = specrt.load(int4_close, threads=1)
+    check = check_golden(gen, "target")
+    assert check.passed and "int4: top-1 agrees" in check.detail
+
+
+def test_tensorrt_build_refuses_a_quantized_bundle_in_one_line(int4_close):
+    from specrt.export.tensorrt import resolve_precision
+
+    with pytest.raises(ConfigError, match="MatMulNBits.*float bundle"):
+        resolve_precision(list(load_manifest(int4_close).models.values()), None)
+
+
+def test_export_quantize_writes_only_the_quantized_bundle(pairs, tmp_path):
+    target, draft = pairs["llama"]
+    out = tmp_path / "q"
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", str(draft), "-o", str(out), "--quantize", "int8",
+                                    "--draft-quantize", "int4", "--exporter", "torchscript"])
+    assert res.exit_code == 0, res.output
+    m = load_manifest(out)
+    assert m.target.quantization["bits"] == 8 and m.draft.quantization["bits"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # the float export was staged and removed
+    res = CliRunner().invoke(main, ["export", str(target), "-o", str(tmp_path / "r"), "--quantize", "int4",
+                                    "--block-size", "128"])
+    assert res.exit_code == 1 and "does not divide" in res.output and not (tmp_path / "r").exists()
+
+
+def test_quantize_without_onnx_is_a_one_line_error(close_bundle, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as on the runtime-only install
+    res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "q")])
+    assert res.exit_code == 1 and "pip install onnx" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "q").exists()
+
+
+def test_export_and_quantize_record_what_each_pass_reads(int4_close, close_bundle):
+    from specrt.measure.roofline import entry_cost, graph_cost
+
+    floats, ints = load_manifest(close_bundle), load_manifest(int4_close)
+    for role in ("target", "draft"):
+        f, q = floats.models[role], ints.models[role]
+        recorded = {"weight_bytes": f.weight_bytes, "matmul_flops_per_token": f.matmul_flops_per_token}
+        assert recorded == graph_cost(close_bundle / f.file).manifest_fields()
+        assert entry_cost(int4_close, q).source == "manifest"
+        # int4 reads about a quarter of fp32's bytes (scales, norms and the float lookup table besides) ...
+        assert q.weight_bytes < 0.5 * f.weight_bytes
+        # ... for the same arithmetic: MatMulNBits' K x N is the float MatMul's
+        assert q.matmul_flops_per_token == f.matmul_flops_per_token

@@ -1,0 +1,105 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.cli import main
+from specrt.data import prompts as builtin_prompts
+from specrt.errors import ConfigError
+from specrt.measure.bench import BenchConfig, read_prompts, run_bench
+from specrt.theory import speedup
+
+
+def test_bench_figures_are_well_formed(generator):
+    prompts = builtin_prompts("code")[:2]
+    res = run_bench(generator, prompts, BenchConfig(methods=("none", "draft", "tree", "ngram"), max_new_tokens=12, repeats=2))
+    assert set(res["methods"]) == {"none", "draft", "tree", "ngram"}
+    none, draft = res["methods"]["none"], res["methods"]["draft"]
+    assert none["speedup_vs_none"] == 1.0 and none["tokens_per_target_pass"] == 1.0
+    assert draft["speedup_vs_none"] == pytest.approx(draft["tokens_per_second"] / none["tokens_per_second"])
+    assert all(r["greedy_matches_none"] for r in res["methods"].values())
+    assert "greedy_baseline" not in res and "vs_greedy_none" not in none  # greedy runs are their own baseline
+    assert 0 <= draft["alpha"] <= 1 and draft["c"] > 0 and draft["verify_cost"] > 0
+    assert none["verify_cost"] == 1.0 and none["predicted_speedup"] is None
+    assert draft["predicted_speedup"] == pytest.approx(
+        speedup(min(draft["alpha"], 1.0), round(draft["mean_gamma"]), draft["c"]))
+    assert draft["achieved_over_predicted"] == pytest.approx(draft["speedup_vs_none"] / draft["predicted_speedup"])
+    shares = sum(draft[k] for k in ("share_draft", "share_verify", "share_prefill", "share_host"))
+    assert shares == pytest.approx(1.0, abs=1e-6)
+    json.dumps(res)
+
+
+def test_the_bench_table_shows_device_to_host_bytes_where_outputs_left_a_gpu(generator, capsys):
+    from specrt.measure.report import print_bench
+
+    res = run_bench(generator, builtin_prompts("code")[:1], BenchConfig(methods=("none", "draft"), max_new_tokens=6))
+    print_bench(res)
+    assert "D2H/pass" not in capsys.readouterr().out  # a CPU backend copies nothing
+    res["methods"]["none"]["d2h_bytes_per_target_pass"] = 516.0
+    print_bench(res)
+    out = capsys.readouterr().out
+    assert "D2H/pass" in out and "0.5 KB" in out
+
+
+def test_bench_config_and_prompt_errors(tmp_path):
+    with pytest.raises(ConfigError, match="include 'none'"):
+        BenchConfig(methods=("draft",))
+    with pytest.raises(ConfigError):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "p.txt").write_text("def f():\\n    return\n\nclass A:\n")
+    assert read_prompts(tmp_path / "p.txt") == ["def f():\n    return", "class A:"]
+    assert len(builtin_prompts("all")) == len(builtin_prompts("code")) + len(builtin_prompts("prose"))
+
+
+def test_bench_cli_writes_json(llama_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(llama_bundle), "--methods", "none,ngram",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["config"]["methods"] == ["none", "ngram"] and "ngram" in data["methods"]
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(llama_bundle), "--methods", "draft"])
+    assert res.exit_code == 1 and "include 'none'" in res.output
+
+
+def test_bench_compare_hf(close_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none,draft",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--prompt-set", "prose",
+                                    "--temperature", "0.9", "--top-p", "0.95", "--compare", "hf", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    peers = json.loads(out.read_text())["peers"]
+    assert peers["hf_generate"]["tokens_per_second"] > 0 and peers["hf_assisted"]["tokens_per_second"] > 0
+    assert peers["hf_assisted"]["over_peer"]["draft"] > 0 and "greedy_matches_none" not in peers["hf_assisted"]
+    assert "Hugging Face assisted generation" in res.output and "peers ran T 0.9 top-p 0.95, seed 0" in res.output
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none",
+                                    "--max-new-tokens", "4", "--repeats", "1", "--compare", "hf",
+                                    "--hf-target", str(tmp_path)])
+    assert res.exit_code == 1 and "has no config.json" in res.output
+
+
+def test_bench_samples_with_truncation_and_reports_host_time(close_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none,draft",
+                                    "--max-new-tokens", "8", "--repeats", "1", "--temperature", "0.8",
+                                    "--top-k", "20", "--top-p", "0.9", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert (data["config"]["top_k"], data["config"]["top_p"], data["config"]["temperature"]) == (20, 0.9, 0.8)
+    greedy = data["greedy_baseline"]  # greedy plain decoding, run beside the sampled none run
+    assert greedy["tokens_per_second"] > 0 and 0 < greedy["host_ms_per_token"] < data["methods"]["none"]["host_ms_per_token"]
+    for row in data["methods"].values():
+        assert 0 < row["host_ms_per_token"] < 1000 / row["tokens_per_second"]  # a part of each token's time
+        assert 0 < row["share_engine"] < 1 and row["d2h_bytes_per_target_pass"] == 0  # CPU: no copies
+        assert "greedy_matches_none" not in row
+        # One repeat: its ratio is the repeat's own, not a ratio of the medians of separate runs.
+        assert row["vs_greedy_none"] == pytest.approx(row["tokens_per_second"] / greedy["tokens_per_second"])
+    assert "top-k 20 top-p 0.9" in res.output and "host ms/token" in res.output
+    assert "vs greedy" in res.output and "what sampling costs plain decoding" in res.output
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--methods", "none", "--max-new-tokens",
+                                    "4", "--repeats", "1", "--temperature", "0.8", "--no-greedy-baseline",
+                                    "--json", str(out)])
+    assert res.exit_code == 0 and "vs greedy" not in res.output, res.output
+    assert "greedy_baseline" not in json.loads(out.read_text())
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--top-p", "1.5"])
+    assert res.exit_code == 1 and "top_p must be in (0, 1]" in res.output

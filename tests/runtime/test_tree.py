@@ -1,0 +1,200 @@
+"""Token trees: masks, one-pass verification equal to chains, exact greedy and sampled acceptance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specrt
+from specrt.errors import ConfigError
+from specrt.runtime.dist import Dist
+from specrt.runtime.masks import causal_mask, speculation_mask
+from specrt.runtime.tree import (
+    TokenTree,
+    TreeShape,
+    verify_tree_greedy,
+    verify_tree_sampled,
+)
+
+N = 20_000
+
+
+def rows(*dense) -> list[Dist]:
+    """Dense probability rows as the Dists verification reads: [root, node 0, node 1, ...]."""
+    return [Dist.from_probs(r) for r in dense]
+
+
+def test_tree_shape():
+    assert TreeShape((2, 2, 1, 1)).nodes == 14
+    assert TreeShape.parse("3,2,1").widths == (3, 2, 1)
+    for bad in ("", "2,x", "0,1"):
+        with pytest.raises(ConfigError):
+            TreeShape.parse(bad)
+    with pytest.raises(ConfigError, match="at most 64"):
+        TreeShape((4, 4, 4))
+
+
+def test_speculation_mask_against_hand_built_reference():
+    # past 2, two context tokens (a, b), then tree nodes below b: 0 and 1 children of b, 2 child of 0.
+    mask, pos = speculation_mask(2, 2, [-1, -1, 0])
+    expected = np.array([
+        # p p a b 0 1 2
+        [1, 1, 1, 0, 0, 0, 0],  # a
+        [1, 1, 1, 1, 0, 0, 0],  # b
+        [1, 1, 1, 1, 1, 0, 0],  # 0
+        [1, 1, 1, 1, 0, 1, 0],  # 1
+        [1, 1, 1, 1, 1, 0, 1],  # 2
+    ], dtype=bool)
+    assert np.array_equal(mask[0, 0], expected)
+    assert pos.tolist() == [2, 3, 4, 4, 5]
+    plain, plain_pos = speculation_mask(3, 4)
+    assert np.array_equal(plain, causal_mask(4, 3)) and plain_pos.tolist() == [3, 4, 5, 6]
+
+
+def test_greedy_tree_follows_the_target_argmax():
+    v = 8
+    #   root -> 3 (node 0) -> 5 (node 2)
+    #        -> 4 (node 1) -> 6 (node 3)
+    tree = TokenTree(tokens=[3, 4, 5, 6], parents=[-1, -1, 0, 1])
+    onehot = np.eye(v)
+    # target: after root 4, after node 1 (4) -> 6, after node 3 (6) -> 2 (bonus)
+    p_root, p_nodes = onehot[4], onehot[[0, 6, 0, 2]]
+    assert verify_tree_greedy(rows(p_root, *p_nodes), tree) == ([1, 3], 2)
+    # target wants 7 after the root: no child carries it -> correction 7, nothing accepted
+    assert verify_tree_greedy(rows(onehot[7], *p_nodes), tree) == ([], 7)
+    # accept node 0 (3), then the target wants 1, which node 2 (5) is not -> correction 1
+    assert verify_tree_greedy(rows(onehot[3], *onehot[[1, 0, 0, 0]]), tree) == ([0], 1)
+
+
+def tree_sequence(p, q, widths, length, rng, rule=verify_tree_sampled):
+    """Emit `length` tokens from position-dependent, context-independent p[t] with sampled trees whose
+    children at depth d are i.i.d. draws from q[t + d]."""
+    out: list[int] = []
+    while len(out) < length:
+        t = len(out)
+        tokens, parents, child_q, frontier = [], [], {-1: Dist.from_probs(q[t])}, [-1]
+        for d, w in enumerate(widths[: length - t - 1]):
+            start = len(tokens)
+            for parent in frontier:
+                for _ in range(w):
+                    tokens.append(child_q[parent].sample(rng))
+                    parents.append(parent)
+            frontier = list(range(start, len(tokens)))
+            for node in frontier:
+                child_q[node] = Dist.from_probs(q[t + d + 1])
+        tree = TokenTree(tokens, parents, child_q)
+        depth = [tree.depth(i) for i in range(len(tokens))]
+        path, nxt = rule(rows(p[t], *[p[t + d + 1] for d in depth]), tree, rng)
+        out += [tokens[i] for i in path] + [nxt]
+    return out[:length]
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "q_equals_p"])
+def test_sampled_tree_is_exact(kind):
+    rng = np.random.default_rng(2024)
+    v, length = 6, 3
+    p = rng.dirichlet(np.ones(v) * 0.7, size=length + 3)
+    q = rng.dirichlet(np.ones(v) * 0.7, size=length + 3)
+    if kind == "sparse":
+        p[:, :2] = 0
+        q[:, -2:] = 0
+        p /= p.sum(1, keepdims=True)
+        q /= q.sum(1, keepdims=True)
+    elif kind == "q_equals_p":
+        q = p.copy()
+    runs = np.array([tree_sequence(p, q, (3, 2), length, rng) for _ in range(N)])
+    bound = np.sqrt(v / N)  # twice the expectation bound, as in test_verify
+    for t in range(length):
+        emp = np.bincount(runs[:, t], minlength=v) / N
+        assert 0.5 * np.abs(emp - p[t]).sum() < bound, t
+
+
+def test_sampled_tree_check_catches_a_missing_residual_update():
+    """Without p <- norm(max(0, p - q)) after a rejected child, siblings get too much mass."""
+    def biased(p_rows, tree, rng):
+        kids = tree.children()
+        node, p, path = -1, p_rows[0], []
+        while kids[node]:
+            q = tree.child_q[node]
+            for child in kids[node]:
+                x = tree.tokens[child]
+                if rng.random() * q.prob(x) < p.prob(x):
+                    path.append(child)
+                    node, p = child, p_rows[1 + child]
+                    break
+            else:
+                break
+        return path, p.sample(rng)
+
+    rng = np.random.default_rng(3)
+    v = 6
+    p = rng.dirichlet(np.ones(v) * 0.7, size=5)
+    q = rng.dirichlet(np.ones(v) * 0.7, size=5)
+    runs = np.array([tree_sequence(p, q, (3,), 2, rng, rule=biased) for _ in range(N)])
+    emp = np.bincount(runs[:, 0], minlength=v) / N
+    assert 0.5 * np.abs(emp - p[0]).sum() > np.sqrt(v / N)
+
+
+@pytest.fixture(scope="module")
+def close(close_bundle):
+    return specrt.load(close_bundle, threads=1)
+
+
+def test_tree_pass_equals_chain_passes_logits_and_kv(close):
+    dec = close.decoders["target"]
+    ctx = close.encode("def fib(n):")
+    tree = TokenTree(tokens=[10, 20, 30, 40, 50], parents=[-1, -1, 0, 0, 2])
+    mask, pos = speculation_mask(0, len(ctx), tree.parents)
+    cache = dec.new_cache(64)
+    logits = dec.forward(cache, np.array(ctx + tree.tokens), pos, mask).logits.copy()
+    cache.advance(len(ctx) + len(tree.tokens))
+    for node, path in [(1, [1]), (3, [0, 3]), (4, [0, 2, 4])]:
+        chain = ctx + [tree.tokens[i] for i in path]
+        ref_cache = dec.new_cache(64)
+        ref = dec.forward(ref_cache, np.array(chain), np.arange(len(chain)), causal_mask(len(chain), 0)).logits
+        assert np.abs(logits[len(ctx) + node] - ref[-1]).max() < 1e-5
+    # Compacting the accepted path [0, 2, 4] leaves the cache a chain computation would have produced.
+    cache.compact(len(ctx), [0, 2, 4])
+    chain = ctx + [10, 30, 50]
+    ref_cache = dec.new_cache(64)
+    dec.forward(ref_cache, np.array(chain), np.arange(len(chain)), causal_mask(len(chain), 0))
+    ref_cache.advance(len(chain))
+    assert cache.length == len(chain)
+    for layer in range(cache.num_layers):
+        assert np.abs(cache.keys[layer][:, :len(chain)] - ref_cache.keys[layer][:, :len(chain)]).max() < 1e-5
+        assert np.abs(cache.values[layer][:, :len(chain)] - ref_cache.values[layer][:, :len(chain)]).max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 1, 1), (3, 1), (1, 1, 1), (4,)])
+def test_greedy_tree_equals_plain_decoding(close, shape):
+    for prompt in ("def fib(n):", "import os\nimport sys\n", "class Point:"):
+        plain = close.generate(prompt, max_new_tokens=40, method="none")
+        tree = close.generate(prompt, max_new_tokens=40, method="tree", tree=shape)
+        assert tree.token_ids == plain.token_ids
+
+
+def test_tree_beats_its_chain_on_tokens_per_pass(close):
+    prompts = ("def fib(n):", "import os\nimport sys\n", "class Point:")
+    tree = [close.generate(p, max_new_tokens=60, method="tree", tree=(3, 2, 1, 1)).stats for p in prompts]
+    chain = [close.generate(p, max_new_tokens=60, method="draft", gamma=4).stats for p in prompts]
+    assert sum(s.tokens_per_target_pass for s in tree) > sum(s.tokens_per_target_pass for s in chain)
+    st = tree[0]
+    assert st.mean_gamma == pytest.approx(3 + 6 + 6 + 6, abs=12)  # nodes per pass (shallower near the end)
+    assert st.accepted_per_depth[0] >= st.accepted_per_depth[-1]
+
+
+def test_sampled_tree_generation_matches_the_target(close):
+    from test_runtime import exact_sequence_distribution
+
+    from specrt.runtime.sampling import SamplingConfig
+
+    prompt = "for i in range(10):\n    print(i"
+    exact = exact_sequence_distribution(close, close.encode(prompt), 3, SamplingConfig(temperature=1.0, top_k=3))
+    n = 1500
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(n):
+        out = tuple(close.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method="tree",
+                                   tree=(2, 2)).token_ids)
+        counts[out] = counts.get(out, 0) + 1
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
+    assert tv < np.sqrt(27 / n), tv

@@ -1,0 +1,1 @@
+"""Shared test support: tiny models built from configs, device and TensorRT stand-ins."""
