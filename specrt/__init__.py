@@ -3,6 +3,9 @@
     import specrt
     gen = specrt.load("bundle/")
     print(gen.generate("def fib(n):", max_new_tokens=64).text)
+
+Decoding options are keyword arguments of ``generate``/``stream``/``chat`` or one
+:class:`DecodeOptions` value (``gen.generate(prompt, specrt.DecodeOptions(method="none"))``).
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+from .runtime.options import DecodeOptions
+
 if TYPE_CHECKING:
-    from .runtime.generator import GenerationResult, SpeculativeGenerator
+    from .runtime.generator import SpeculativeGenerator
 
 
 def load(bundle=None, backend: str = "auto", threads: int | None = None,
@@ -23,4 +28,4 @@ def load(bundle=None, backend: str = "auto", threads: int | None = None,
     return _load(bundle, backend=backend, threads=threads, low_memory=low_memory)
 
 
-__all__ = ["load", "__version__"]
+__all__ = ["DecodeOptions", "load", "__version__"]

@@ -18,6 +18,7 @@ import numpy as np
 from .. import theory
 from ..errors import ConfigError, SpecrtError
 from ..runtime.generator import SpeculativeGenerator
+from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
 from ..runtime.tree import TreeShape
 from . import roofline
@@ -58,11 +59,16 @@ class BenchConfig:
     greedy_baseline: bool = True
 
     def __post_init__(self) -> None:
-        SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
+        self.options("none", 0)  # validates the sampling settings, gamma and tree
         if "none" not in self.methods:
             raise ConfigError("methods must include 'none': every speedup is measured against it")
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise ConfigError("repeats and max_new_tokens must be >= 1")
+
+    def options(self, method: str, repeat: int) -> DecodeOptions:
+        """What ``method`` decodes with in repeat ``repeat`` (its seed: seed + repeat)."""
+        return DecodeOptions(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                             top_p=self.top_p, seed=self.seed + repeat, method=method, gamma=self.gamma, tree=self.tree)
 
 
 def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
@@ -93,9 +99,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             if energy is not None:
                 energy.begin()
-            stats = [gen.generate(p, max_new_tokens=cfg.max_new_tokens, method=method, gamma=cfg.gamma,
-                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                  seed=cfg.seed + r, tree=cfg.tree) for p in prompts]
+            options = cfg.options(method, r)
+            stats = [gen.generate(p, options) for p in prompts]
             outputs.setdefault(method, [s.token_ids for s in stats])
             joules = sum(energy.end().values()) if energy is not None else None
             runs[method].append(_aggregate([s.stats for s in stats], joules))
@@ -167,7 +172,8 @@ def _greedy_none(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig
     """One repeat of greedy plain decoding over the prompts: the baseline a sampled run is measured against."""
     if on_progress:
         on_progress(f"repeat {r + 1}/{cfg.repeats} · none, greedy (the baseline)")
-    return _aggregate([gen.generate(p, max_new_tokens=cfg.max_new_tokens, method="none").stats for p in prompts])
+    greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
+    return _aggregate([gen.generate(p, greedy).stats for p in prompts])
 
 
 def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: list[list[int]], ours: dict,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -13,6 +13,18 @@ from .dist import Dist
 from .masks import tree_mask
 from .sampling import SamplingConfig
 from .tree import TokenTree, TreeShape
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a bundle and the decoding options offer a drafter; each method's ``build`` takes what it needs."""
+
+    vocab: int
+    model: CachedModel | None = None  # the draft model, where the bundle has one
+    tree: TreeShape = TreeShape()
+    heads: object | None = None  # Medusa heads, loaded where the method needs them
+    paths: tuple = ()  # the bundle's static Medusa tree
+    acceptance: str = "exact"
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,9 @@ class Drafter(Protocol):
     needs_draft_model: ClassVar[bool]
     proposes_trees: ClassVar[bool]
 
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "Drafter": ...
+
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None: ...
 
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal: ...
@@ -36,7 +51,7 @@ class Drafter(Protocol):
         """``tokens[:valid]`` are final; forget anything fed beyond them."""
 
 
-METHODS: dict[str, Callable[..., Drafter]] = {}
+METHODS: dict[str, type[Drafter]] = {}
 
 
 def register_method(name: str):
@@ -54,8 +69,12 @@ class ModelDrafter:
     needs_draft_model: ClassVar[bool] = True
     proposes_trees: ClassVar[bool] = False
 
-    def __init__(self, model: CachedModel, **_: object) -> None:
+    def __init__(self, model: CachedModel) -> None:
         self.model = model
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "ModelDrafter":
+        return cls(ctx.model)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         self.model.feed(tokens, sampling)
@@ -89,8 +108,12 @@ class NgramDrafter:
     needs_draft_model: ClassVar[bool] = False
     proposes_trees: ClassVar[bool] = False
 
-    def __init__(self, vocab: int, max_ngram: int = 3, **_: object) -> None:
+    def __init__(self, vocab: int, max_ngram: int = 3) -> None:
         self.vocab, self.max_ngram = vocab, max_ngram
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "NgramDrafter":
+        return cls(ctx.vocab)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         pass
@@ -122,8 +145,12 @@ class NoDrafter:
     needs_draft_model: ClassVar[bool] = False
     proposes_trees: ClassVar[bool] = False
 
-    def __init__(self, vocab: int, **_: object) -> None:
+    def __init__(self, vocab: int) -> None:
         self.vocab = vocab
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "NoDrafter":
+        return cls(ctx.vocab)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         pass
@@ -143,9 +170,13 @@ class TreeDrafter(ModelDrafter):
 
     proposes_trees: ClassVar[bool] = True
 
-    def __init__(self, model: CachedModel, tree: TreeShape = TreeShape(), **_: object) -> None:
+    def __init__(self, model: CachedModel, tree: TreeShape = TreeShape()) -> None:
         super().__init__(model)
         self.shape = tree
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "TreeDrafter":
+        return cls(ctx.model, ctx.tree)
 
     def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
                      hidden: np.ndarray | None = None) -> TokenTree:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -12,11 +12,10 @@ from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .cached import CachedModel
-from .drafters import METHODS, Drafter
-from .loop import MAX_GAMMA, ChainStepper, DecodeState, TreeStepper, decode
-from .sampling import SamplingConfig
+from .drafters import METHODS, Drafter, DrafterContext
+from .loop import ChainStepper, DecodeState, TreeStepper, decode
+from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
-from .tree import TreeShape
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -30,12 +29,34 @@ class GenerationResult:
     finish_reason: str  # "length" | "eos" | "stop"
 
 
-def _check_gamma(gamma: int | str) -> int | str:
-    if gamma == "auto":
-        return gamma
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or not 1 <= gamma <= MAX_GAMMA:
-        raise ConfigError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {gamma!r}")
-    return int(gamma)
+class Stream(Iterator[str]):
+    """Text pieces as they are decided; once iteration has ended, :attr:`result` holds the generation's
+    result (reading it earlier decodes the rest first)."""
+
+    def __init__(self, pieces: Generator[str, None, GenerationResult]) -> None:
+        self._pieces = pieces
+        self._result: GenerationResult | None = None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration as end:
+            self._result = end.value
+            raise
+
+    @property
+    def result(self) -> GenerationResult:
+        if self._result is None:
+            for _ in self:
+                pass
+        return self._result
+
+    def close(self) -> None:
+        """Stop early: the generation's frame is released (no result)."""
+        self._pieces.close()
 
 
 class _TextTracker:
@@ -112,7 +133,6 @@ class SpeculativeGenerator:
         self._backend, self._threads = backend, threads
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
-        self.last_result: GenerationResult | None = None
 
     @property
     def max_context(self) -> int:
@@ -155,9 +175,18 @@ class SpeculativeGenerator:
             ids = [bos] + ids
         return ids
 
-    def _drafter(self, method: str, shape: TreeShape, acceptance: str) -> Drafter:
+    @property
+    def default_method(self) -> str:
+        """What ``method="auto"`` runs: the best this bundle holds, a draft model's chain where it has one,
+        else prompt lookup (no model; exact, and never slower than plain decoding by more than its lookup)."""
+        return "draft" if "draft" in self._models else "ngram"
+
+    def resolve_method(self, method: str) -> str:
+        return self.default_method if method == AUTO else method
+
+    def _drafter(self, opts: DecodeOptions, method: str) -> Drafter:
         if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+            raise ConfigError(f"unknown method {method!r}; choose from {AUTO}, {', '.join(METHODS)}")
         cls = METHODS[method]
         if cls.needs_draft_model and "draft" not in self._models:
             raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
@@ -167,59 +196,50 @@ class SpeculativeGenerator:
                                   "(specrt export ... --medusa HEADS)")
             self._heads = create_heads(self._backend, self.bundle, self.manifest.medusa.file, self._threads)
         medusa = self.manifest.medusa
-        return cls(model=self._models.get("draft"), vocab=self.manifest.target.dims.vocab_size, tree=shape,
-                   heads=self._heads, paths=medusa.tree if medusa else [], acceptance=acceptance)
+        return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
+                                        tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
+                                        acceptance=opts.acceptance))
 
-    def stream(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-               stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
-               acceptance: str = "exact") -> Iterator[str]:
-        """Yield text as it is decided. When the iterator ends, ``self.last_result`` holds the result.
+    def stream(self, prompt: str, options: DecodeOptions | None = None, **changes: Any) -> Stream:
+        """Text pieces as they are decided, for ``options`` (:class:`DecodeOptions`; keyword ``changes``
+        override its fields, e.g. ``stream(p, method="none", max_new_tokens=32)``); ``.result`` of the
+        returned :class:`Stream` holds the result once it is exhausted."""
+        return self.stream_ids(self.encode(prompt), options, **changes)
 
-        ``method``: "draft" (chain of ``gamma`` draft-model tokens), "tree" (a draft-model token tree of
-        shape ``tree``, children per depth), "medusa" (the bundle's Medusa heads and static tree),
-        "ngram" (prompt lookup) or "none" (plain decoding). ``acceptance="typical"`` (Medusa only) is
-        LOSSY: faster sampling whose output is not distributed as the target's."""
-        return self.stream_ids(self.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed, method=method, gamma=gamma, stop=stop, tree=tree,
-                            acceptance=acceptance)
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], options: DecodeOptions | None = None,
+                    **changes: Any) -> Stream:
+        """The assistant's reply to ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}]) as it
+        is decided; options as for :meth:`stream`. The reply ends at any of the bundle's end ids
+        (``eos_token_ids``), e.g. the template's end-of-turn token."""
+        return self.stream_ids(self.encode_chat(messages), options, **changes)
 
-    def stream_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Iterator[str]:
-        """Yield the assistant's reply to ``messages`` ([{"role": "system"|"user"|"assistant", "content": str}])
-        as it is decided; same keyword arguments as :meth:`stream`. The reply ends at any of the bundle's
-        end ids (``eos_token_ids``), e.g. the template's end-of-turn token."""
-        return self.stream_ids(self.encode_chat(messages), **kwargs)
-
-    def stream_ids(self, tokens: list[int], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                   top_p: float = 1.0, seed: int = 0, method: str = "draft", gamma: int | str = 4,
-                   stop: Sequence[str] = (), tree: TreeShape | tuple[int, ...] | str = TreeShape(),
-                   acceptance: str = "exact") -> Iterator[str]:
+    def stream_ids(self, tokens: list[int], options: DecodeOptions | None = None, **changes: Any) -> Stream:
         """:meth:`stream` from prompt token ids already encoded (:meth:`encode`, :meth:`encode_chat`), for a
-        caller that needs them too (a server counting prompt tokens) without encoding twice."""
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        gamma = _check_gamma(gamma)
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        shape = (tree if isinstance(tree, TreeShape) else TreeShape.parse(tree) if isinstance(tree, str)
-                 else TreeShape(tuple(tree)))
-        drafter = self._drafter(method, shape, acceptance)
-        if acceptance == "typical" and method != "medusa":
-            raise ConfigError("typical acceptance (lossy) applies to --method medusa only")
-        stepper = (TreeStepper(typical=acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(gamma if method != "none" else 0))
+        caller that needs them too (a server counting prompt tokens) without encoding twice. Bad options,
+        an empty prompt or one beyond the context raise here, before anything runs."""
+        opts = DecodeOptions.of(options, **changes)
+        method = self.resolve_method(opts.method)
+        drafter = self._drafter(opts, method)
         if not tokens:
             raise ConfigError("the prompt is empty and the tokenizer adds no BOS token")
-        if len(tokens) + max_new_tokens > self.max_context:
-            raise ContextLengthError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                                     f"bundle's max context of {self.max_context}")
+        if len(tokens) + opts.max_new_tokens > self.max_context:
+            raise ContextLengthError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({opts.max_new_tokens}) exceeds "
+                                     f"the bundle's max context of {self.max_context}")
+        return Stream(self._decode(list(tokens), opts, method, drafter))
+
+    def _decode(self, tokens: list[int], opts: DecodeOptions, method: str,
+                drafter: Drafter) -> Generator[str, None, GenerationResult]:
+        stepper = (TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
+                   else ChainStepper(opts.gamma if method != "none" else 0))
         for m in self._models.values():
             m.reset()
-        state = DecodeState(tokens=list(tokens), target=self._models["target"], drafter=drafter, sampling=sampling,
-                            rng=np.random.default_rng(seed), stats=StatsRecorder(method, gamma, prompt_tokens=len(tokens)))
-        tracker = _TextTracker(self.tokenizer, stop)
+        state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
+                            rng=np.random.default_rng(opts.seed),
+                            stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens)))
+        tracker = _TextTracker(self.tokenizer, opts.stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
         finish = "length"
-        for chunk in decode(state, max_new_tokens, stepper, stop_ids):
+        for chunk in decode(state, opts.max_new_tokens, stepper, stop_ids):
             piece = tracker.push(chunk)
             if piece:
                 yield piece
@@ -227,29 +247,24 @@ class SpeculativeGenerator:
                 finish = "stop"
                 break
         else:
-            if state.stats.new_tokens < max_new_tokens:
+            if state.stats.new_tokens < opts.max_new_tokens:
                 finish = "eos"
         tail = tracker.flush()
         if tail:
             yield tail
         state.stats.engine_s = sum(m.forward_s for m in self._models.values())
         state.stats.target_copied_bytes = state.target.copied_bytes
-        self.last_result = GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
+        return GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
 
-    def generate(self, prompt: str, **kwargs: Any) -> GenerationResult:
-        """Generate in one call; same arguments as :meth:`stream`."""
-        return self._drain(self.stream(prompt, **kwargs))
+    def generate(self, prompt: str, options: DecodeOptions | None = None, **changes: Any) -> GenerationResult:
+        """Generate in one call; options as for :meth:`stream`."""
+        return self.stream(prompt, options, **changes).result
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> GenerationResult:
-        """The assistant's reply to ``messages`` in one call; same arguments as :meth:`stream_chat`, e.g.
+    def chat(self, messages: Sequence[Mapping[str, Any]], options: DecodeOptions | None = None,
+             **changes: Any) -> GenerationResult:
+        """The assistant's reply to ``messages`` in one call; options as for :meth:`stream`, e.g.
         ``gen.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]).text``."""
-        return self._drain(self.stream_chat(messages, **kwargs))
-
-    def _drain(self, pieces: Iterator[str]) -> GenerationResult:
-        for _ in pieces:
-            pass
-        assert self.last_result is not None
-        return self.last_result
+        return self.stream_chat(messages, options, **changes).result
 
 
 def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None,

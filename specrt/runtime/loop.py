@@ -13,14 +13,12 @@ from .cached import CachedModel
 from .dist import overlap
 from .drafters import Drafter
 from .medusa import verify_tree_typical
+from .options import MAX_GAMMA  # noqa: F401  (the loop's bound on gamma, checked by DecodeOptions)
 from .rows import acceptance_beta
 from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
 from .tree import verify_tree_greedy, verify_tree_sampled
 from .verify import accept_chain
-
-MAX_GAMMA = 64
-
 
 @dataclass
 class DecodeState:

@@ -90,10 +90,14 @@ class MedusaDrafter:
     needs_medusa: ClassVar[bool] = True
     proposes_trees: ClassVar[bool] = True
 
-    def __init__(self, heads, paths: list[Path], acceptance: str = "exact", **_: object) -> None:
+    def __init__(self, heads, paths: Sequence[Path], acceptance: str = "exact") -> None:
         if acceptance not in ("exact", "typical"):
             raise ConfigError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
         self.heads, self.paths, self.acceptance = heads, [tuple(p) for p in paths], acceptance
+
+    @classmethod
+    def build(cls, ctx) -> "MedusaDrafter":
+        return cls(ctx.heads, ctx.paths, ctx.acceptance)
 
     def check(self, sampling: SamplingConfig) -> None:
         if not sampling.greedy and self.acceptance == "exact":

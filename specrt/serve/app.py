@@ -28,6 +28,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..errors import ConfigError
+from ..runtime.options import DecodeOptions
 from . import protocol
 from .metrics import ServeMetrics
 from .protocol import ApiError, GenerationRequest
@@ -46,7 +47,7 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    method: str = "draft"
+    method: str = "auto"  # the best the bundle holds (SpeculativeGenerator.default_method)
     gamma: int | str = 4
     tree: str = "2,2,1,1"
     max_queue: int = 16  # requests waiting for the generator, besides the one it runs
@@ -67,6 +68,12 @@ class ServeConfig:
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty")
+        self.options  # validates method / gamma / tree before a server starts
+
+    @property
+    def options(self) -> DecodeOptions:
+        """The decoding options every request shares; each request brings its own sampling, length and stops."""
+        return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree)
 
 
 def model_id(gen: Any, config: ServeConfig) -> str:
@@ -155,11 +162,8 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
     """The Starlette app serving ``gen`` (a loaded :class:`~specrt.runtime.generator.SpeculativeGenerator`).
 
     The generator's worker thread starts and stops with the app's lifespan."""
-    from ..runtime.tree import TreeShape
-
     metrics = ServeMetrics()
-    scheduler = Scheduler(gen, config.max_queue, metrics, method=config.method, gamma=config.gamma,
-                          tree=TreeShape.parse(config.tree))
+    scheduler = Scheduler(gen, config.max_queue, metrics, config.options)
     model = model_id(gen, config)
     has_template = gen.manifest.tokenizer.chat_template is not None
     created = int(time.time())
@@ -355,19 +359,16 @@ def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str],
     cancels the rest; then the app's lifespan stops the generator thread."""
     import uvicorn
 
-    from ..runtime.tree import TreeShape
-
     # One short generation before the port opens: a method the bundle cannot run (medusa without heads,
     # draft without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid.
-    gen.generate("Hello", max_new_tokens=2, method=config.method, gamma=config.gamma,
-                 tree=TreeShape.parse(config.tree))
+    gen.generate("Hello", config.options, max_new_tokens=2)
     if not is_loopback(config.host) and config.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
                     config.host)
     app = create_app(gen, config)
     if announce is not None:
         host = f"[{config.host}]" if ":" in config.host else config.host
-        announce(f"serving {app.state.model!r} ({config.method}) at http://{host}:{config.port}/v1")
+        announce(f"serving {app.state.model!r} ({gen.resolve_method(config.method)}) at http://{host}:{config.port}/v1")
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"))
     # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:

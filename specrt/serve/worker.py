@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..errors import ContextLengthError, SpecrtError
+from ..runtime.options import DecodeOptions
 from .metrics import ServeMetrics
 from .protocol import ApiError, GenerationRequest
 
@@ -80,13 +81,13 @@ def _hide(message: str, secrets: tuple[str, ...]) -> str:
 class Scheduler:
     """The bounded FIFO and the thread that serves it with ``gen``.
 
-    ``method`` / ``gamma`` / ``tree`` apply to every request (the server's ``--method`` / ``--gamma``); sampling
-    settings come with each request. ``max_queue`` counts waiting requests, not the one being generated."""
+    ``options`` (the server's ``--method`` / ``--gamma`` / ``--tree``) apply to every request; sampling settings,
+    length, seed and stop strings come with each. ``max_queue`` counts waiting requests, not the one being
+    generated."""
 
-    def __init__(self, gen: Any, max_queue: int, metrics: ServeMetrics, method: str = "draft",
-                 gamma: int | str = 4, tree: Any = None) -> None:
-        self.gen, self.max_queue, self.metrics = gen, max_queue, metrics
-        self.settings: dict[str, Any] = {"method": method, "gamma": gamma, **({"tree": tree} if tree is not None else {})}
+    def __init__(self, gen: Any, max_queue: int, metrics: ServeMetrics,
+                 options: DecodeOptions = DecodeOptions()) -> None:
+        self.gen, self.max_queue, self.metrics, self.options = gen, max_queue, metrics, options
         self._waiting: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._running: Job | None = None
@@ -181,15 +182,16 @@ class Scheduler:
             if max_new < 1:
                 raise ContextLengthError(f"the prompt ({n_prompt} tokens) fills the model's context of "
                                          f"{gen.max_context} tokens")
-        return n_prompt, gen.stream_ids(ids, max_new_tokens=max_new, temperature=req.temperature, top_k=req.top_k,
-                                        top_p=req.top_p, seed=req.seed, stop=req.stop, **self.settings)
+        return n_prompt, gen.stream_ids(ids, self.options.replace(
+            max_new_tokens=max_new, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+            stop=tuple(req.stop)))
 
     def _run(self, job: Job) -> None:
         pieces: Iterator[str] | None = None
         try:
             n_prompt, pieces = self._pieces(job.request)
-            # The first step runs before the job reports it started: errors the generator raises on its
-            # first step (a prompt beyond the context, a bad setting) still become a plain 400.
+            # The first step runs before the job reports it started: errors raised by the generator's checks or
+            # its first step (a prompt beyond the context, a bad setting) still become a plain 400.
             first = next(pieces, None)
             job.emit(Started(n_prompt))
             if first is not None:
@@ -204,7 +206,7 @@ class Scheduler:
                 # Read only when the server, not the client, cancelled it (shutdown): the client hears why.
                 job.emit(Failed(ApiError(503, "the generation was cancelled: the server is shutting down")))
                 return
-            result = self.gen.last_result
+            result = pieces.result
             self.metrics.record(n_prompt, result)
             job.emit(Finished(result))
         except SpecrtError as e:

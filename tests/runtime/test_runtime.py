@@ -126,8 +126,9 @@ def test_seeded_runs_are_reproducible(close):
 
 
 def test_stream_pieces_join_to_the_generated_text(close):
-    pieces = list(close.stream(PROMPTS[0], max_new_tokens=30, method="draft"))
-    assert "".join(pieces) == close.last_result.text == close.generate(PROMPTS[0], max_new_tokens=30).text
+    stream = close.stream(PROMPTS[0], max_new_tokens=30, method="draft")
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text == close.generate(PROMPTS[0], max_new_tokens=30).text
 
 
 def test_stop_string(close):

@@ -395,11 +395,11 @@ class _Faulty:
         self._prompt = prompt
         return self._gen.encode(prompt)
 
-    def stream_ids(self, ids, **kw):
+    def stream_ids(self, ids, options=None, **kw):
         prompt = self._prompt
         if prompt == "boom":
             raise RuntimeError(f"a bug, with a path: {ROOT}/secret.py")
-        pieces = self._gen.stream_ids(ids, **kw)
+        pieces = self._gen.stream_ids(ids, options, **kw)
         if prompt == "boom later":
             def failing():
                 yield next(pieces)

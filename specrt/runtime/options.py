@@ -1,0 +1,87 @@
+"""How to decode, as one frozen value: the CLI, ``bench``, ``serve`` and the Python API build a
+:class:`DecodeOptions` and the generator reads nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .sampling import SamplingConfig
+from .tree import TreeShape
+
+MAX_GAMMA = 64
+AUTO = "auto"  # the method: the best the bundle holds (SpeculativeGenerator.default_method)
+ACCEPTANCE = ("exact", "typical")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """``method``: "auto" (the best the bundle holds), "draft" (a chain of ``gamma`` draft-model tokens),
+    "tree" (a draft-model token tree of shape ``tree``, children per depth), "medusa" (the bundle's Medusa
+    heads and static tree), "ngram" (prompt lookup) or "none" (plain decoding). ``gamma``: drafted tokens
+    per target pass, or "auto" (adapted from the measured α and c). temperature 0 is greedy; top_k 0 and
+    top_p 1 are off. ``stop``: strings that end the generation. ``acceptance="typical"`` (Medusa only) is
+    LOSSY: faster sampling whose output is not distributed as the target's."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    method: str = AUTO
+    gamma: int | str = 4
+    stop: tuple[str, ...] = ()
+    tree: TreeShape = field(default_factory=TreeShape)
+    acceptance: str = "exact"
+
+    def __post_init__(self) -> None:
+        # Accept the spellings callers have (a tree as "2,2,1,1" or widths, one stop string or a list) and
+        # store one form, so equal options compare equal.
+        tree = self.tree
+        if isinstance(tree, str):
+            tree = TreeShape.parse(tree)
+        elif not isinstance(tree, TreeShape):
+            tree = TreeShape(tuple(tree))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "tree", tree)
+        object.__setattr__(self, "stop", stop)
+        SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
+                or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.gamma != "auto" and (isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, np.integer))
+                                     or not 1 <= self.gamma <= MAX_GAMMA):
+            raise ConfigError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {self.gamma!r}")
+        if not all(isinstance(s, str) for s in stop):
+            raise ConfigError(f"stop must be strings, got {self.stop!r}")
+        if self.acceptance not in ACCEPTANCE:
+            raise ConfigError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
+        if self.acceptance == "typical" and self.method != "medusa":
+            raise ConfigError("typical acceptance (lossy) applies to --method medusa only")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def replace(self, **changes: Any) -> "DecodeOptions":
+        """A copy with ``changes``; a misspelt name is a ConfigError naming the known ones, never ignored."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            known = ", ".join(f.name for f in dataclasses.fields(self))
+            raise ConfigError(f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                              f"known: {known}")
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @classmethod
+    def of(cls, options: "DecodeOptions | None" = None, **changes: Any) -> "DecodeOptions":
+        """``options`` (default: the defaults) with keyword ``changes`` applied: what every API entry point
+        takes, so ``gen.generate(p, method="none")`` and ``gen.generate(p, DecodeOptions(method="none"))``
+        are the same call."""
+        if options is not None and not isinstance(options, DecodeOptions):
+            raise ConfigError(f"options must be a DecodeOptions, got {type(options).__name__}")
+        return (options or cls()).replace(**changes)
+

@@ -1,0 +1,107 @@
+"""DecodeOptions (one frozen value instead of keyword bags), Stream's result, and the default method: the best
+the bundle holds, the same in run, chat, serve and the API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import specrt
+from specrt import DecodeOptions
+from specrt.errors import ConfigError
+from specrt.runtime.drafters import METHODS, DrafterContext
+from specrt.runtime.tree import TreeShape
+
+
+def test_options_normalise_their_spellings_and_compare_equal():
+    a = DecodeOptions(tree="2,2,1,1", stop="\n\n")
+    b = DecodeOptions(tree=(2, 2, 1, 1), stop=["\n\n"])
+    assert a == b and a.tree == TreeShape((2, 2, 1, 1)) and a.stop == ("\n\n",)
+    assert DecodeOptions.of(a, method="none") == a.replace(method="none") != a
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(gamma=0), "gamma"), (dict(gamma=True), "gamma"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature=-1), "temperature"), (dict(top_p=1.5), "top_p"), (dict(tree="2,x"), "tree shape"),
+    (dict(acceptance="typical", method="draft"), "medusa only"), (dict(acceptance="loose"), "acceptance"),
+    (dict(stop=[3]), "stop")])
+def test_bad_options_are_config_errors(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        DecodeOptions(**changes)
+
+
+def test_a_misspelt_option_is_an_error_not_silently_ignored(generator):
+    with pytest.raises(ConfigError, match="unknown decoding option temprature; known: max_new_tokens"):
+        generator.generate("x", temprature=0.7)
+    with pytest.raises(ConfigError, match="must be a DecodeOptions"):
+        generator.generate("x", {"method": "none"})
+
+
+def test_options_and_keywords_are_the_same_call(generator):
+    opts = DecodeOptions(method="ngram", max_new_tokens=10, temperature=0.8, seed=3)
+    assert generator.generate("def f(x):", opts).token_ids == generator.generate(
+        "def f(x):", method="ngram", max_new_tokens=10, temperature=0.8, seed=3).token_ids
+    # keywords override the options' fields
+    assert generator.generate("def f(x):", opts, method="none").stats.method == "none"
+
+
+def test_stream_returns_its_result(generator):
+    stream = generator.stream("def f(x):", max_new_tokens=12, method="none")
+    text = "".join(stream)
+    assert stream.result.text == text and len(stream.result.token_ids) == 12
+    # Reading the result first decodes everything
+    early = generator.stream("def f(x):", max_new_tokens=12, method="none")
+    assert early.result.token_ids == stream.result.token_ids
+    assert not hasattr(generator, "last_result")
+
+
+def test_bad_options_raise_at_the_call_not_at_the_first_piece(generator):
+    with pytest.raises(ConfigError, match="unknown method"):
+        generator.stream("x", method="beam")  # nothing iterated yet
+
+
+def test_every_method_is_built_from_the_context_alone():
+    """Drafters take explicit arguments: each declares how it is built from what the bundle offers."""
+    ctx = DrafterContext(vocab=10)
+    assert type(METHODS["none"].build(ctx)).__name__ == "NoDrafter"
+    assert METHODS["ngram"].build(ctx).vocab == 10
+    with pytest.raises(TypeError):
+        METHODS["ngram"](vocab=10, tree=TreeShape())  # no **_ bag swallowing a keyword
+
+
+def test_auto_picks_the_draft_where_the_bundle_has_one(generator):
+    assert generator.default_method == "draft"
+    assert generator.generate("def f(x):", max_new_tokens=8).stats.method == "draft"
+
+
+@pytest.fixture(scope="module")
+def solo(chat_bundle):
+    return specrt.load(chat_bundle, threads=1)
+
+
+def test_a_target_only_bundle_runs_and_chats_with_the_default(solo):
+    assert solo.default_method == "ngram"
+    out = solo.chat([{"role": "user", "content": "hi"}], max_new_tokens=6)
+    assert out.stats.method == "ngram"
+    assert out.token_ids == solo.chat([{"role": "user", "content": "hi"}], max_new_tokens=6, method="none").token_ids
+    assert solo.generate("def f(x):", max_new_tokens=6).stats.method == "ngram"
+
+
+@pytest.mark.parametrize("args", [["--chat", "hi"], ["def f(x):"]])
+def test_cli_run_on_a_target_only_bundle(chat_bundle, args):
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["run", *args, "--bundle", str(chat_bundle), "--max-new-tokens", "6", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["stats"]["method"] == "ngram"
+
+
+def test_serve_defaults_to_the_best_the_bundle_holds(solo):
+    from specrt.serve import ServeConfig
+
+    assert ServeConfig().options.method == "auto"
+    assert solo.resolve_method(ServeConfig().method) == "ngram"
+    with pytest.raises(ConfigError, match="tree shape"):
+        ServeConfig(tree="a,b")
