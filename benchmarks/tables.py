@@ -1,0 +1,466 @@
+"""Every measurement table in README.md and docs/, rendered from the JSON in benchmarks/.
+
+    python benchmarks/tables.py --write        # rewrite every generated block in README.md and docs/**/*.md
+    python benchmarks/tables.py --check        # exit 1, naming each block that differs from its JSON
+    python benchmarks/tables.py NAME           # print one table (--list: every name)
+    python benchmarks/tables.py FILE.json      # a `specrt bench --json` file as the full bench table
+
+A generated block in a markdown file is
+
+    <!-- generated: NAME -->
+    | ... the table TABLES[NAME] renders ... |
+    <!-- end generated -->
+
+Each table is a pure function of the JSON file(s) it is registered with; nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
+FIX = "python benchmarks/tables.py --write"
+
+# name -> (JSON files under benchmarks/, render function taking their parsed contents in that order)
+TABLES: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {}
+
+
+def table(name: str, *files: str):
+    def register(render):
+        TABLES[name] = (files, render)
+        return render
+    return register
+
+
+# ---- formatting --------------------------------------------------------------------------------------------
+
+def _f(value, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def _x(value, fmt: str = ".2f") -> str:
+    return "–" if value is None else f"{value:{fmt}}×"
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.0f} %"
+
+
+def _sig(value: float, digits: int) -> str:
+    """`digits` significant figures, never an exponent: 19.199 -> 19.2, 228.4 -> 228, 0.902 -> 0.90."""
+    if value == 0:
+        return "0"
+    return f"{value:.{max(digits - 1 - math.floor(math.log10(abs(value))), 0)}f}"
+
+
+def _e(value: float) -> str:
+    """One decimal in scientific notation, exponent unpadded: 0.0041 -> 4.1e-3."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _bytes_change(before: float, after: float) -> str:
+    """'8.4 → 5.2 GB', or in MB when both are under a GB."""
+    if max(before, after) < 1e9:
+        return f"{before / 1e6:.0f} → {after / 1e6:.0f} MB"
+    return f"{before / 1e9:.1f} → {after / 1e9:.1f} GB"
+
+
+def _gb(n: float, fmt: str = ".1f") -> str:
+    return f"{n / 1e9:{fmt}} GB"
+
+
+def _kb(n: float) -> str:
+    kb = n / 1e3
+    return f"{kb:,.0f} KB" if kb >= 100 else f"{kb:.1f} KB"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s"
+
+
+def _yes(flag) -> str:
+    return "–" if flag is None else ("yes" if flag else "no")
+
+
+def _md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+SETTING = {"greedy": "greedy", "T1.0": "T 1.0", "T0.8 top-p 0.9": "T 0.8, top-p 0.9",
+           "T0.8 top-k 50": "T 0.8, top-k 50"}
+
+
+# ---- `specrt bench --json` files (demo-cpu, demo-int4-cpu) -------------------------------------------------
+
+def headline(data: dict) -> str:
+    """The README's table: ≤ 7 columns."""
+    return _md(["method", "tokens/s", "speedup vs none", "tokens per target pass", "α", "predicted (theory)",
+                "predicted with verify cost"],
+               [[name, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
+                 _f(m["tokens_per_target_pass"], ".2f"), _f(m["alpha"], ".2f"), _x(m.get("predicted_speedup")),
+                 _x(m.get("predicted_with_verify_cost"))] for name, m in data["methods"].items()])
+
+
+def bench_table(data: dict) -> str:
+    """Every column `specrt bench` reports per method (what benchmarks/table.py printed)."""
+    cfg = data["config"]
+    rows = []
+    for name, m in data["methods"].items():
+        label = {"draft": f"draft (γ = {cfg['gamma']})",
+                 "tree": f"tree ({','.join(map(str, cfg['tree']))})"}.get(name, name)
+        rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
+                     _f(m["tokens_per_target_pass"], ".2f"), _f(m["alpha"], ".2f"), _f(m["acceptance_rate"], ".2f"),
+                     _f(m["c"] if name not in ("none", "medusa") else None, ".3f"),  # heads' cost is inside verify
+                     _f(m["verify_cost"], ".2f"), _x(m.get("predicted_speedup")),
+                     _x(m.get("predicted_with_verify_cost")), "yes" if m["greedy_matches_none"] else "NO"])
+    return _md(["method", "tokens/s", "speedup", "tokens / target pass", "α (Σmin)", "accepted / drafted", "c",
+                "verify cost", "predicted (theory)", "predicted with verify cost", "greedy = none"], rows)
+
+
+def roofline(data: dict) -> str:
+    """`bench --roofline`'s second table: bytes per token, passes, ops factor, share of the probed bandwidth."""
+    gbps = data["roofline"]["read_gbps"]
+    return _md(["method", "bytes read per token", "target / draft passes per token", "ops factor", "GB/s achieved",
+                f"share of the roofline ({gbps:.1f} GB/s read)", "roofline tokens/s"],
+               [[name, f"{m['bytes_per_token'] / 1e6:.1f} MB",
+                 f"{m['target_passes_per_token']:.2f} / {m['draft_passes_per_token']:.2f}", _x(m["ops_factor"]),
+                 _f(m["achieved_gbps"], ".1f"), _pct(m["roofline_fraction"]),
+                 _f(m["roofline_tokens_per_second"], ".0f")] for name, m in data["methods"].items()])
+
+
+PEER_LABEL = {"hf_generate": "Hugging Face `generate` ({dtype})",
+              "hf_assisted": "Hugging Face assisted generation ({dtype}, the same draft)",
+              "ortgenai": "ONNX Runtime GenAI (its own builder; {precision})"}
+
+
+def peers(data: dict) -> str:
+    """Each peer of `bench --compare`, interleaved in the same run on the same checkpoints."""
+    prompts, rows = data["config"]["prompts"], []
+    for name, p in data["peers"].items():
+        label = PEER_LABEL.get(name, p.get("description", name)).format(**{**p, "dtype": DTYPE.get(p.get("dtype"))})
+        if p.get("bundle_precision") not in (None, p.get("precision")):
+            label = label[:-1] + f", the bundle is {p['bundle_precision']})"
+        rows.append([label, _f(p["tokens_per_second"], ".0f"), _x(p["over_peer"]["none"]),
+                     _x(p["over_peer"].get("draft")), f"{round(p['greedy_matches_none'] * prompts)} of {prompts}"])
+    return _md(["peer (plain decoding unless said)", "tokens/s", "specrt `none` / peer", "specrt `draft` / peer",
+                "prompts with specrt's greedy tokens"], rows)
+
+
+def versus_peer(data: dict) -> str:
+    """Each method against specrt none and against one peer's plain decoding (demo-int4-cpu)."""
+    (peer,) = data["peers"].values()
+    gamma, rows = data["config"]["gamma"], []
+    for name, m in data["methods"].items():
+        detail = {"draft": [f"γ {gamma}; α {_f(m['alpha'], '.3f')}"], "ngram": ["prompt lookup"]}.get(name, [])
+        if name != "none":
+            detail.append(f"{m['tokens_per_target_pass']:.2f} tokens per pass")
+        label = f"{name} ({', '.join(detail)})" if detail else name
+        rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
+                     _x(peer["over_peer"][name]), _yes(m["greedy_matches_none"])])
+    return _md(["method", "tokens/s", "vs specrt none",
+                f"vs ONNX Runtime GenAI {peer['precision']} plain ({peer['tokens_per_second']:.0f} tokens/s)",
+                "greedy = none"], rows)
+
+
+table("demo-cpu", "demo-cpu.json")(headline)
+table("demo-cpu-full", "demo-cpu.json")(bench_table)
+table("demo-cpu-roofline", "demo-cpu.json")(roofline)
+table("demo-cpu-peers", "demo-cpu.json")(peers)
+table("demo-int4-cpu", "demo-int4-cpu.json")(versus_peer)
+table("demo-int4-cpu-full", "demo-int4-cpu.json")(bench_table)
+table("demo-int4-cpu-roofline", "demo-int4-cpu.json")(roofline)
+
+
+# ---- the demo pair at every precision ----------------------------------------------------------------------
+
+def _graph_label(graph: str) -> str:
+    return "specrt int4, portable graph" if graph == "int4-portable" else f"specrt {graph}"
+
+
+@table("quantized-demo-cpu", "quantized-demo-cpu.json")
+def quantized(data: dict) -> str:
+    tps, over, q = data["tokens_per_second"], data["over_ortgenai_int4"], data["config"]["gamma"] + 1
+    rows = [[_graph_label(g), f"{tps[f'specrt {g} none']:.0f} / {tps[f'specrt {g} draft']:.0f}",
+             f"{over[f'specrt {g} none']:.2f}× / {over[f'specrt {g} draft']:.2f}×",
+             f"{data['acceptance'][f'specrt {g} draft']:.2f}", f"{data['bytes'][g]['target'] / 1e6:.0f} MB",
+             _x(data["verify_cost_over_one_token"][g][f"Q={q}"]), _yes(data["greedy_draft_equals_none"][g])]
+            for g in data["config"]["graphs"]]
+    rows.append(["ONNX Runtime GenAI int4 / fp32, plain", f"{tps['ortgenai-int4']:.0f} / {tps['ortgenai-fp32']:.0f}",
+                 f"{over['ortgenai-int4']:.2f}× / {over['ortgenai-fp32']:.2f}×", "–", "–", "–", "–"])
+    return _md(["", "tokens/s none / draft", "vs ORT GenAI int4 plain", "accepted / drafted", "target bytes",
+                f"verify {q} tokens / 1", "greedy draft = none"], rows)
+
+
+@table("quantized-demo-cpu-verify", "quantized-demo-cpu.json")
+def quantized_verify(data: dict) -> str:
+    costs = data["verify_cost_over_one_token"]
+    qs = [k for k in next(iter(costs.values())) if k.startswith("Q=") and not k.endswith("ms") and k != "Q=1"]
+    return _md(["graph", "one token (Q=1)", *[f"{k} tokens / 1" for k in qs]],
+               [[_graph_label(g), f"{c['Q=1 ms']:.2f} ms", *[_x(c[k]) for k in qs]] for g, c in costs.items()])
+
+
+@table("quantized-demo-cpu-parity", "quantized-demo-cpu.json")
+def quantized_parity(data: dict) -> str:
+    rows = []
+    for g, models in data["parity"].items():
+        t, d = models["target"], models["draft"]
+        rows.append([_graph_label(g), f"{_e(t['mean_kl'])} / {_pct(t['top1_agreement'])}",
+                     f"{_e(d['mean_kl'])} / {_pct(d['top1_agreement'])}",
+                     f"≤ {t['max_mean_kl']:g} / ≥ {_pct(t['min_top1_agreement'])}",
+                     f"{t['decisive_positions']} / {d['decisive_positions']} of {t['positions']}"])
+    return _md(["quantized graph", "target: mean KL / top-1", "draft: mean KL / top-1", "threshold: KL / top-1",
+                "decisive positions (target / draft)"], rows)
+
+
+@table("demo-int8-default-check", "demo-int8-default-check.json")
+def int8_check(data: dict) -> str:
+    tps, mismatches = data["tokens_per_second"], data["greedy_mismatches_of_27"]
+    base = tps["fp32"]
+    return _md(["demo bundle", "greedy draft / tree / medusa ≠ none (of 27)", "tokens/s none / draft",
+                "vs fp32 none / draft"],
+               [[name, str(mismatches[name]), f"{t['none']:.1f} / {t['draft']:.1f}",
+                 f"{t['none'] / base['none']:.2f}× / {t['draft'] / base['draft']:.2f}×"] for name, t in tps.items()])
+
+
+@table("demo-old-vs-new-runtime", "demo-old-vs-new-runtime.json")
+def old_vs_new(data: dict) -> str:
+    methods = list(next(iter(data["runs"].values()))[0])
+    rows = []
+    for version, runs in data["runs"].items():
+        for i, run in enumerate(runs, 1):
+            rows.append([version, str(i), *[f"{run[m]['tokens_per_second']:.0f} ({run[m]['speedup_vs_none']:.2f}×)"
+                                           for m in methods],
+                         _yes(all(run[m]["greedy_matches_none"] for m in methods))])
+        rows.append([version, "median", *[
+            f"{statistics.median(r[m]['tokens_per_second'] for r in runs):.0f} "
+            f"({statistics.median(r[m]['speedup_vs_none'] for r in runs):.2f}×)" for m in methods], "–"])
+    return _md(["code version", "run", *[f"`{m}` tokens/s (vs none)" for m in methods], "greedy = none"], rows)
+
+
+# ---- a real-dimension model at int4 ------------------------------------------------------------------------
+
+@table("llama-1b-int4-cpu", "llama-1b-int4-cpu.json")
+def llama_int4(data: dict) -> str:
+    s = data["summary"]
+    tps, nbytes, frac = s["tokens_per_second"], s["bytes_per_token"], s["roofline_fraction"]
+    return _md(["plain decoding (`none`)", "bytes read per token", "tokens/s",
+                f"share of the memory roofline ({s['bandwidth']['read_gbps']:.1f} GB/s read)"],
+               [["specrt fp32", _gb(nbytes["fp32 none"], ".2f"), f"{tps['fp32 none']:.1f}", _pct(frac["fp32 none"])],
+                ["specrt int4 (MatMulNBits, blocks of 32)", _gb(nbytes["int4 none"], ".2f"),
+                 f"{tps['int4 none']:.1f} ({s['int4_none_over_fp32_none']:.1f}× fp32)", _pct(frac["int4 none"])],
+                ["ONNX Runtime GenAI int4 (its builder, same block size and accuracy level)", "–",
+                 f"{s['ortgenai_int4_tokens_per_second']:.1f}", "–"]])
+
+
+# ---- real vocabularies -------------------------------------------------------------------------------------
+
+@table("real-vocab-cpu-step", "real-vocab-cpu.json")
+def real_vocab_step(data: dict) -> str:
+    work = data["step_work"]
+    settings = list(next(iter(work.values())))
+    return _md(["one γ = 4 step's numpy work, ms: dense float64 (before) → now",
+                *[f"V = {int(v):,}" for v in work]],
+               [[SETTING.get(s, s), *[f"{_sig(work[v][s]['dense_reference_ms'], 3)} → "
+                                      f"{_sig(work[v][s]['runtime_ms'], 2)}" for v in work]] for s in settings])
+
+
+@table("real-vocab-cpu", "real-vocab-cpu.json")
+def real_vocab(data: dict) -> str:
+    cfg, rows = data["config"], []
+    for s, b in data["bench"].items():
+        m, ratio = b["methods"]["none"], data.get("specrt_none_over_ortgenai", {}).get(s)
+        rows.append([SETTING.get(s, s), f"{m['tokens_per_second']:.0f}", _x(data["sampled_over_greedy"][s]["none"]),
+                     f"{m['host_ms_per_token']:.2f}", f"{m['target_pass_ms']:.2f} ms",
+                     _f(b.get("ortgenai_tokens_per_second"), ".0f"), "–" if ratio is None else _sig(ratio, 3) + "×"])
+    return _md([f"`--method none`, {b['config']['prompts']} prompts × {cfg['max_new_tokens']} tokens", "tokens/s",
+                "vs greedy", "host ms / token", "target pass", "ONNX Runtime GenAI (same weights, fp32)",
+                "specrt / ORT GenAI"], rows)
+
+
+@table("real-vocab-cpu-draft", "real-vocab-cpu.json")
+def real_vocab_draft(data: dict) -> str:
+    rows = []
+    for s, b in data["bench"].items():
+        m, none = b["methods"]["draft"], b["methods"]["none"]
+        rows.append([SETTING.get(s, s), f"{m['tokens_per_second']:.0f}",
+                     _x(m["tokens_per_second"] / none["tokens_per_second"]), f"{m['tokens_per_target_pass']:.2f}",
+                     _f(m["alpha"], ".3f"), f"{m['host_ms_per_token']:.2f}",
+                     _x(data["sampled_over_greedy"][s]["draft"])])
+    return _md(["`--method draft`, γ 4", "tokens/s", "vs none", "tokens per target pass", "α", "host ms / token",
+                "vs greedy"], rows)
+
+
+@table("real-vocab-cpu-device-logits", "real-vocab-cpu.json")
+def real_vocab_device(data: dict) -> str:
+    rows = []
+    for s, d in data["device_logits"].items():
+        none, draft = d["none"], d["draft"]
+        whole = draft["target_whole_rows_per_pass"]
+        rows.append([SETTING.get(s, s), _kb(none["d2h_bytes_per_target_pass"]),
+                     _kb(none["whole_rows_bytes_per_target_pass"]), _kb(draft["d2h_bytes_per_target_pass"]),
+                     _kb(draft["whole_rows_bytes_per_target_pass"]), "0" if whole == 0 else f"{whole:.2f}"])
+    return _md(["device-to-host bytes per target pass", "`none`: summary", "every row (before)",
+                "`draft` γ 4: summary", "every row (before)", "whole rows read per target pass (draft)"], rows)
+
+
+@table("real-vocab-ratio-cpu", "real-vocab-ratio-cpu.json")
+def real_vocab_ratio(data: dict) -> str:
+    return _md(["setting", "tokens/s (all rounds summed)", "vs greedy", "single rounds", "host ms / token",
+                "engine ms / token"],
+               [[SETTING.get(s, s), f"{r['tokens_per_second']:.0f}", _x(r["vs_greedy"]),
+                 f"{min(r['vs_greedy_rounds']):.2f}–{max(r['vs_greedy_rounds']):.2f}",
+                 f"{r['host_ms_per_token']:.2f}", f"{r['engine_ms_per_token']:.2f}"]
+                for s, r in data["settings"].items()])
+
+
+# ---- real model families at real sizes, memory -------------------------------------------------------------
+
+# JSON family name -> (label of its first row, label of the next); rows print in this order.
+FAMILY = {"qwen3-0.6b": ("Qwen3-0.6B dims (151,936 vocab, 28 layers, q/k norms)", "Qwen3-0.6B dims"),
+          "llama-3.2-1b": ("Llama-3.2-1B dims (128,256 vocab, llama3 rope)", "Llama-3.2-1B dims"),
+          "gemma-2-2b": ("Gemma-2-2B dims (256,000 vocab, 26 layers, soft-caps, windows)", "Gemma-2-2B dims"),
+          "phi-3-mini": ("Phi-3-mini dims (3.8 B, 32 layers, packed qkv / gate_up, window 2047)", "Phi-3-mini dims"),
+          "phi-3-mini (4 layers)": ("Phi-3-mini widths, 4 of 32 layers",) * 2,
+          "gemma-2-2b (4 layers)": ("Gemma-2-2B widths, 4 of 26 layers",) * 2}
+DTYPE = {"float16": "fp16", "float32": "fp32"}
+
+
+def _low_memory_row(low: dict, family: str, dtype: str) -> dict | None:
+    return next((v for k, v in low.items() if k.endswith(f"/{family}/bundle-{dtype}")), None)
+
+
+def _family_order(key: str) -> tuple[int, str]:
+    family, dtype = key.rsplit(" ", 1)
+    return (list(FAMILY).index(family) if family in FAMILY else len(FAMILY), dtype)
+
+
+@table("scale-check", "scale-check.json", "low-memory.json")
+def scale_check(data: dict, low: dict) -> str:
+    rows, seen = [], set()
+    for key in sorted(data, key=_family_order):
+        r, (family, dtype) = data[key], key.rsplit(" ", 1)
+        long, short = FAMILY.get(family, (family, family))
+        par = r["parity"]["target"].values()
+        parity = (f"{_e(max(p['rel'] for p in par))} / {_e(max(p['kl'] for p in par))} / "
+                  f"{_pct(min(p['top1'] for p in par))}")
+        # the run's peak RSS: the decode process's own, else the default session's in low-memory.json
+        lm = _low_memory_row(low, family, dtype)
+        run = r.get("decode_peak_rss_bytes") or (lm and lm["off"]["peak_rss_bytes"])
+        run_cell = "–" if not run else _gb(run)
+        if lm:
+            run_cell += f" (low-memory: {lm['on']['peak_rss_bytes'] / 1e9:.1f})"
+        rows.append([short if family in seen else long, DTYPE.get(dtype, dtype), _duration(r["export_s"]),
+                     f"{r['peak_rss_bytes'] / 1e9:.1f} / {_gb(r['peak_anon_bytes'])}",
+                     _gb(1.5 * r["weight_bytes"] + 2 * 2**30), parity, _yes(r["greedy_draft_equals_none"]), run_cell])
+        seen.add(family)
+    return _md(["model", "dtype", "export", "peak RSS / anon", "budget: 1.5 × weights + 2 GiB",
+                "worst parity (target) rel / KL / top-1", "draft == none", "run: peak RSS"], rows)
+
+
+def _bundle_label(path: str) -> str:
+    if path == "demo":
+        return "the shipped demo (fp16)"
+    p = Path(path)
+    return f"{p.parent.name} dims, {DTYPE.get(p.name.removeprefix('bundle-'), p.name)}"
+
+
+@table("low-memory", "low-memory.json")
+def low_memory(data: dict) -> str:
+    rows = []
+    for path, r in data.items():
+        off, on = r["off"], r["on"]
+        rows.append([_bundle_label(path), f"{r['rounds']} × {r['prompts']} prompts × {r['tokens']}",
+                     f"{off['none_tokens_per_second']:g} / {off['draft_tokens_per_second']:g}",
+                     f"{on['none_tokens_per_second']:g} / {on['draft_tokens_per_second']:g}",
+                     f"{r['on_over_off']['none']:.2f}× / {r['on_over_off']['draft']:.2f}×",
+                     _bytes_change(off["peak_rss_bytes"], on["peak_rss_bytes"]),
+                     _bytes_change(off["peak_anon_bytes"], on["peak_anon_bytes"]),
+                     f"{off['load_s']:g} → {on['load_s']:g} s", _yes(r["same_tokens"])])
+    return _md(["bundle", "rounds × prompts × tokens", "default: none / draft tokens/s",
+                "low-memory: none / draft tokens/s", "low-memory / default", "peak RSS", "peak anonymous",
+                "load", "same tokens"], rows)
+
+
+# ---- blocks in markdown files ------------------------------------------------------------------------------
+
+def render(name: str) -> str:
+    files, fn = TABLES[name]
+    return fn(*(json.loads((BENCH / f).read_text()) for f in files))
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The markdown files whose generated blocks this module owns: README.md and docs/**/*.md."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(name, body) of every generated block in ``text``."""
+    return [(m["name"], m["body"]) for m in BLOCK.finditer(text)]
+
+
+def rewrite(text: str) -> str:
+    """``text`` with every generated block's body replaced by its table (unknown names left as they are)."""
+    return BLOCK.sub(lambda m: m[1] + render(m["name"]) + "\n" + m[4] if m["name"] in TABLES else m[0], text)
+
+
+def check(root: Path = ROOT) -> list[str]:
+    """One line per block that is unknown or differs from what its JSON gives; empty when all agree."""
+    problems = []
+    for path in documents(root):
+        rel = path.relative_to(root)
+        for name, body in blocks(path.read_text()):
+            if name not in TABLES:
+                problems.append(f"{rel}: block '{name}' names no table (known: {', '.join(TABLES)})")
+            elif body != render(name) + "\n":
+                files = ", ".join(f"benchmarks/{f}" for f in TABLES[name][0])
+                problems.append(f"{rel}: block '{name}' differs from {files}; run `{FIX}`")
+    return problems
+
+
+def write(root: Path = ROOT) -> list[Path]:
+    changed = []
+    for path in documents(root):
+        text = path.read_text()
+        if (new := rewrite(text)) != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--check"]:
+        problems = check()
+        print("\n".join(problems) if problems else "every generated block matches benchmarks/*.json",
+              file=sys.stderr if problems else sys.stdout)
+        return 1 if problems else 0
+    if argv == ["--write"]:
+        for path in write():
+            print(f"rewrote {path.relative_to(ROOT)}")
+        return 0
+    if argv == ["--list"]:
+        print("\n".join(f"{name}\t{', '.join(files)}" for name, (files, _) in TABLES.items()))
+        return 0
+    if len(argv) == 1 and argv[0] in TABLES:
+        print(render(argv[0]))
+        return 0
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        print(bench_table(json.loads(Path(argv[0]).read_text())))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""The measurement tables in README.md and docs/ are the ones benchmarks/*.json give, and docs/performance/
+has a page, with its command, JSON file, date and machine, for every measurement."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ROOT / "docs" / "performance"
+
+
+def _load_tables():
+    spec = importlib.util.spec_from_file_location("benchmark_tables", ROOT / "benchmarks" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tables = _load_tables()
+pages = sorted(p for p in PAGES.glob("*.md") if p.name != "index.md" and not p.name.startswith("_"))
+
+
+def test_generated_blocks_match_the_json():
+    problems = tables.check(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_table_renders_and_fits_its_place():
+    for name in tables.TABLES:
+        lines = tables.render(name).splitlines()
+        assert len(lines) >= 3 and all(line.startswith("|") and line.endswith("|") for line in lines), name
+        assert len({line.count("|") for line in lines}) == 1, f"{name}: rows and header differ in columns"
+    headline = tables.render("demo-cpu").splitlines()[0]
+    assert headline.count("|") - 1 <= 7, "the README's headline table has more than 7 columns"
+
+
+def test_check_names_a_drifting_block_and_the_fix(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("<!-- generated: demo-cpu -->\n| stale |\n<!-- end generated -->\n"
+                                        "<!-- generated: no-such-table -->\n<!-- end generated -->\n")
+    problems = tables.check(tmp_path)
+    assert any("'demo-cpu'" in p and tables.FIX in p for p in problems), problems
+    assert any("'no-such-table'" in p for p in problems), problems
+    tables.write(tmp_path)
+    assert [p for p in tables.check(tmp_path) if "'demo-cpu'" in p] == []
+
+
+@pytest.mark.parametrize("page", pages, ids=lambda p: p.name)
+def test_page_names_its_json_command_date_and_machine(page):
+    text = page.read_text()
+    named = set(re.findall(r"benchmarks/[\w.-]+\.json", text))
+    assert named, f"{page.name} names no benchmarks/*.json file"
+    missing = sorted(f for f in named if not (ROOT / f).is_file())
+    assert not missing, f"{page.name} names JSON files that do not exist: {missing}"
+    assert "**Command**" in text and "```bash\n" in text, f"{page.name} gives no command in a ```bash block"
+    assert re.search(r"\*\*Date:\*\* \d{4}-\d{2}-\d{2}", text), f"{page.name} gives no **Date:** YYYY-MM-DD"
+    assert "**Machine:**" in text, f"{page.name} gives no **Machine:**"
+    assert tables.blocks(text), f"{page.name} has no generated table"
+    assert f"]({page.name})" in (PAGES / "index.md").read_text(), f"docs/performance/index.md does not link {page.name}"
+
+
+def test_every_benchmark_json_has_a_page():
+    covered = {f for page in pages for f in re.findall(r"benchmarks/([\w.-]+\.json)", page.read_text())}
+    missing = sorted(p.name for p in (ROOT / "benchmarks").glob("*.json") if p.name not in covered)
+    assert not missing, f"no docs/performance page names {missing}"
+
+
+def test_every_table_appears_in_some_page():
+    shown = {name for page in pages for name, _ in tables.blocks(page.read_text())}
+    assert set(tables.TABLES) <= shown, f"tables shown nowhere in docs/performance: {set(tables.TABLES) - shown}"
