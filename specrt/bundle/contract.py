@@ -1,7 +1,7 @@
 """The ONNX decoder contract, declared once; exporter, manifest and runtime all read it from here.
 
 One graph per model serves prefill (P = 0), single-token decode, chain verification and tree
-verification. See docs/onnx-contract.md for the reasoning behind each choice.
+verification. See docs/design/contract.md for the reasoning behind each choice.
 
 Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, D = head dim):
 

@@ -32,7 +32,7 @@ class ModelEntry:
     dtype: str
     dims: ModelDims
     # Per parity case ("prefill", "decode", "chain", "tree", "far"): abs/rel/kl/top1 against PyTorch fp32
-    # (see logit_parity); the tolerance they passed: {"rel", "kl"}. Bundles from before the relative
+    # (see bundle.parity); the tolerance they passed: {"rel", "kl"}. Bundles from before the relative
     # criterion load with {"abs": max |diff|} per case and {"abs": tolerance}.
     parity: dict[str, dict[str, float]] = field(default_factory=dict)
     parity_tolerance: dict[str, float] = field(default_factory=dict)
@@ -43,7 +43,7 @@ class ModelEntry:
     quantization: dict[str, Any] | None = None
     # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "portable": plain ops.
     graph: str = "portable"
-    # What one pass reads and computes (roofline.graph_cost), recorded where onnx is installed (export,
+    # What one pass reads and computes (bundle.files.graph_cost), recorded where onnx is installed (export,
     # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.
     weight_bytes: int | None = None
     matmul_flops_per_token: int | None = None

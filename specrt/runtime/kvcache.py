@@ -1,6 +1,6 @@
 """A preallocated KV cache per model whose ``length`` is the only truth.
 
-Layout per layer: [1, max_context, H_kv, D] (seq-major, see docs/onnx-contract.md), so the past
+Layout per layer: [1, max_context, H_kv, D] (seq-major, see docs/design/contract.md), so the past
 ``[:, :length]`` and the slots for Q new tokens ``[:, length:length+Q]`` are contiguous byte ranges
 (``ptr`` and ``ptr + length * row_bytes``) that a backend binds directly: the graph reads the past and
 writes the new K/V in place, with no copy.

@@ -1,7 +1,7 @@
 """Exact speculative sampling: accept draft tokens, correct on the first rejection, add a bonus token.
 
 :func:`verify_chain` is the dense reference (float64 [N, V] rows); :func:`accept_chain` is the same rule
-on :class:`~specrt.runtime.logits.Dist` rows, which the decoding loop runs. Both draw the same tokens
+on :class:`~specrt.runtime.dist.Dist` rows, which the decoding loop runs. Both draw the same tokens
 from the same uniforms.
 """
 
@@ -19,7 +19,7 @@ from .sampling import sample
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """norm(max(0, p - q)) for normalised p, q: what to sample after rejecting a token drawn from q
-    (p itself when the residual's mass is rounding, see :data:`~specrt.runtime.logits.MIN_RESIDUAL_MASS`)."""
+    (p itself when the residual's mass is rounding, see :data:`~specrt.runtime.dist.MIN_RESIDUAL_MASS`)."""
     r = np.maximum(p - q, 0.0)
     mass = r.sum()
     return p if mass < MIN_RESIDUAL_MASS else r / mass
@@ -48,7 +48,7 @@ def verify_chain(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens
 def accept_chain(p: Sequence[Dist], q: Sequence[Dist], draft_tokens: Sequence[int],
                  rng: np.random.Generator) -> tuple[int, int]:
     """:func:`verify_chain` on distributions held on their supports. ``p[i]`` is read only up to the
-    first rejection (a :class:`~specrt.runtime.logits.LogitRows` warps nothing past it), and the
+    first rejection (a :class:`~specrt.runtime.rows.LogitRows` warps nothing past it), and the
     residual is built for the rejected row alone."""
     for i, x in enumerate(draft_tokens):
         # Accept with probability min(1, p(x)/q(x)); u * q < p avoids dividing by q. A row left on a

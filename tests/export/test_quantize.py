@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from test_runtime import PROMPTS, exact_sequence_distribution
+from support.exactness import PROMPTS, exact_sequence_distribution
 
 import specrt
 from specrt.bundle.manifest import load_manifest

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from support.exactness import PROMPTS, exact_sequence_distribution
 from support.models import assert_loads_no_torch
 from transformers import AutoModelForCausalLM
 
@@ -15,8 +16,6 @@ import specrt
 from specrt.errors import BundleError, ConfigError, ContextLengthError
 from specrt.runtime.masks import causal_mask
 from specrt.runtime.sampling import SamplingConfig, probs_from_logits
-
-PROMPTS = ["def fib(n):", "import os\nimport sys\n", "class Point:\n    def __init__(self"]
 
 
 @pytest.fixture(scope="module")
@@ -65,23 +64,6 @@ def test_fully_accepted_chains_and_draft_catch_up(self_bundle):
     # After a fully accepted chain the draft has not seen its own last token yet: it is fed, with the
     # bonus token, in the next round's first draft pass.
     assert gen._models["draft"].cache.length == gen._models["target"].cache.length - 1
-
-
-def exact_sequence_distribution(gen, prompt_ids, length, cfg) -> dict[tuple[int, ...], float]:
-    """P(next `length` tokens) under the target alone, by enumerating the warped support (no cache)."""
-    dec = gen.decoders["target"]
-    dist = {(): 1.0}
-    for _ in range(length):
-        nxt = {}
-        for seq, pr in dist.items():
-            toks = prompt_ids + list(seq)
-            cache = dec.new_cache(64)
-            logits = dec.forward(cache, np.array(toks), np.arange(len(toks)), causal_mask(len(toks), 0)).logits[-1:]
-            p = probs_from_logits(logits, cfg)[0]
-            for t in np.flatnonzero(p):
-                nxt[seq + (int(t),)] = pr * p[t]
-        dist = nxt
-    return dist
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])

@@ -184,7 +184,7 @@ def test_tree_beats_its_chain_on_tokens_per_pass(close):
 
 
 def test_sampled_tree_generation_matches_the_target(close):
-    from test_runtime import exact_sequence_distribution
+    from support.exactness import exact_sequence_distribution
 
     from specrt.runtime.sampling import SamplingConfig
 
