@@ -45,3 +45,7 @@ class ChatTemplateError(SpecrtError, ValueError):
 
 class ExportProcessError(SpecrtError):
     """The child process that exported one model died or failed in a way it could not report as a typed error."""
+
+
+class EagleHeadError(ConfigError):
+    """An EAGLE-3 head folder is missing, of another layout (EAGLE-1/2), or made for another target."""

@@ -1,0 +1,609 @@
+"""EAGLE-3 draft heads: the config, a PyTorch reference forward, and the published checkpoint layout.
+
+A head is one decoder layer that reads three of the target's hidden states (fused by ``fc``) next to
+the next token's embedding and predicts over a reduced draft vocabulary. The layout, the forward pass
+and the tap-layer convention, each with its public source, are in docs/design/eagle3.md; this module
+is written from that description. Only the single-layer Llama-style head (``LlamaForCausalLMEagle3``)
+is accepted: every variant it does not implement is refused with an :class:`EagleHeadError`, never
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, EagleHeadError
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+# SafeAILab/SpecForge name it LlamaForCausalLMEagle3, vLLM Eagle3LlamaForCausalLM; EAGLE's own
+# training config says LlamaForCausalLM (the weights then tell EAGLE-3 from EAGLE-1/2).
+_ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLM"}
+_EAGLE12_ARCHITECTURES = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle"}
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+BIN_NAME = "pytorch_model.bin"
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def tap_layers(num_layers: int) -> tuple[int, int, int]:
+    """The default target layers whose hidden states feed ``fc``, in concatenation order.
+
+    Index i is the residual stream ENTERING target layer i (0-based): the output of layer i-1, which
+    is Hugging Face's ``output_hidden_states[i]`` (index 0 is the embeddings). For L >= 7 layers this
+    is (2, L//2, L-3), what EAGLE, vLLM and SGLang capture by default. Below 7 those collide (L = 6
+    gives 2, 3, 3) and the published engines would gather fewer than three states, so specrt uses
+    (1, L//2, L-1) for 4 <= L <= 6 and refuses smaller targets. A head trained for such a target must
+    record its taps explicitly (``Eagle3Config.taps``). This is the one place the rule lives.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+        raise EagleHeadError(f"the target's layer count must be an integer, got {num_layers!r}")
+    if num_layers >= 7:
+        return (2, num_layers // 2, num_layers - 3)
+    if num_layers >= 4:
+        return (1, num_layers // 2, num_layers - 1)
+    raise EagleHeadError(f"an EAGLE-3 head taps three distinct target layers; a target of {num_layers} "
+                         "layer(s) has too few (need at least 4)")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EagleHeadError(f"EAGLE-3 config: {name} must be a positive integer, got {value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise EagleHeadError(f"EAGLE-3 config: {name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The head's shape. ``None`` fields take the published defaults in ``__post_init__``."""
+
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    draft_vocab_size: int | None = None  # defaults to vocab_size (no reduced vocabulary)
+    num_key_value_heads: int | None = None  # defaults to num_attention_heads
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    target_hidden_size: int | None = None  # defaults to hidden_size; fc takes 3 * this
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # the head's own rope, not the target's (see the design doc)
+    max_position_embeddings: int = 2048
+    norm_before_residual: bool = False  # vLLM's variant: the residual is hidden_norm(features)
+    taps: tuple[int, int, int] | None = None  # explicit tap layers (entering-layer convention)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                     "max_position_embeddings"):
+            _positive_int(name, getattr(self, name))
+        fill = object.__setattr__  # frozen: defaults are filled once, here
+        if self.draft_vocab_size is None:
+            fill(self, "draft_vocab_size", self.vocab_size)
+        if self.num_key_value_heads is None:
+            fill(self, "num_key_value_heads", self.num_attention_heads)
+        if self.target_hidden_size is None:
+            fill(self, "target_hidden_size", self.hidden_size)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise EagleHeadError(f"EAGLE-3 config: hidden_size {self.hidden_size} is not divisible by "
+                                     f"num_attention_heads {self.num_attention_heads}; set head_dim")
+            fill(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        for name in ("draft_vocab_size", "num_key_value_heads", "target_hidden_size", "head_dim"):
+            _positive_int(name, getattr(self, name))
+        if self.draft_vocab_size > self.vocab_size:
+            raise EagleHeadError(f"EAGLE-3 config: draft_vocab_size {self.draft_vocab_size} is larger than "
+                                 f"vocab_size {self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise EagleHeadError(f"EAGLE-3 config: num_attention_heads {self.num_attention_heads} is not a "
+                                 f"multiple of num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise EagleHeadError(f"EAGLE-3 config: head_dim {self.head_dim} must be even for rotary embeddings")
+        _positive_float("rms_norm_eps", self.rms_norm_eps)
+        _positive_float("rope_theta", self.rope_theta)
+        if not isinstance(self.norm_before_residual, bool):
+            raise EagleHeadError(f"EAGLE-3 config: norm_before_residual must be true or false, "
+                                 f"got {self.norm_before_residual!r}")
+        if self.taps is not None:
+            taps = tuple(self.taps)
+            if (len(taps) != 3 or any(isinstance(t, bool) or not isinstance(t, int) for t in taps)
+                    or taps[0] < 1 or not taps[0] < taps[1] < taps[2]):
+                raise EagleHeadError("EAGLE-3 config: tap layers must be three strictly increasing layer "
+                                     f"indices >= 1, got {list(self.taps)}")
+            fill(self, "taps", taps)
+
+    def tap_layers_for(self, num_layers: int) -> tuple[int, int, int]:
+        """The taps to read from a target of ``num_layers`` layers: the explicit ones, else the default."""
+        if self.taps is None:
+            return tap_layers(num_layers)
+        if self.taps[-1] > num_layers - 1:
+            raise EagleHeadError(f"the head taps target layer {self.taps[-1]} but the target has only "
+                                 f"{num_layers} layers: it was made for another target")
+        return self.taps
+
+    @classmethod
+    def from_json(cls, d: dict) -> Eagle3Config:
+        """From a published head's ``config.json`` (a flat Llama-style config)."""
+        if not isinstance(d, dict):
+            raise EagleHeadError(f"EAGLE-3 config must be a JSON object, got {type(d).__name__}")
+        if "speculators_model_type" in d:
+            raise EagleHeadError("this is a `speculators`-format config; only the flat LlamaForCausalLMEagle3 "
+                                 "config is supported")
+        archs = d.get("architectures") or []
+        if not isinstance(archs, list):
+            raise EagleHeadError(f"EAGLE-3 config: architectures must be a list, got {archs!r}")
+        if any(a in _EAGLE12_ARCHITECTURES for a in archs):
+            raise EagleHeadError(f"architecture {archs[0]} is an EAGLE-1/2 head; specrt reads EAGLE-3 heads only")
+        if archs and not any(a in _ARCHITECTURES for a in archs):
+            raise EagleHeadError(f"architecture {archs[0]} is not an EAGLE-3 Llama head (expected {ARCHITECTURE})")
+        if d.get("model_type", "llama") != "llama":
+            raise EagleHeadError(f"EAGLE-3 config: model_type {d['model_type']!r} is not supported (llama only)")
+        for name in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+            if d.get(name) is None:
+                raise EagleHeadError(f"EAGLE-3 config has no {name}")
+        if d.get("num_hidden_layers", 1) != 1:
+            raise EagleHeadError(f"EAGLE-3 config: num_hidden_layers is {d['num_hidden_layers']}; only "
+                                 "single-layer heads (midlayer) are supported")
+        if d.get("hidden_act", "silu") != "silu":
+            raise EagleHeadError(f"EAGLE-3 config: hidden_act {d['hidden_act']!r} is not supported (silu only)")
+        # variants that change the weights or the forward: refused, not ignored
+        for name in ("attention_bias", "mlp_bias", "norm_before_fc", "fc_norm", "use_sliding_window"):
+            if d.get(name):
+                raise EagleHeadError(f"EAGLE-3 config: {name} is set; that variant is not supported")
+        if d.get("norm_output", True) is not True:
+            raise EagleHeadError("EAGLE-3 config: norm_output is false; that variant is not supported")
+        eagle_config = d.get("eagle_config") or {}
+        if not isinstance(eagle_config, dict):
+            raise EagleHeadError(f"EAGLE-3 config: eagle_config must be an object, got {eagle_config!r}")
+        if eagle_config.get("use_aux_hidden_state", True) is not True:
+            raise EagleHeadError("EAGLE-3 config: eagle_config.use_aux_hidden_state is false (a head without "
+                                 "fc); not supported")
+        return cls(hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
+                   intermediate_size=d["intermediate_size"], vocab_size=d["vocab_size"],
+                   draft_vocab_size=d.get("draft_vocab_size"), num_key_value_heads=d.get("num_key_value_heads"),
+                   head_dim=d.get("head_dim"), target_hidden_size=d.get("target_hidden_size"),
+                   rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
+                   max_position_embeddings=d.get("max_position_embeddings", 2048),
+                   norm_before_residual=d.get("norm_before_residual", False), taps=_taps(d, eagle_config))
+
+    def to_json(self, torch_dtype: str = "float32") -> dict:
+        """The published layout's ``config.json``. ``target_hidden_size`` is written only when it differs
+        from ``hidden_size``: EAGLE skips loading the target's embedding whenever the key is present."""
+        d: dict[str, Any] = {
+            "architectures": [ARCHITECTURE], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings, "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size, "tie_word_embeddings": False, "pretraining_tp": 1,
+            "torch_dtype": torch_dtype,
+        }
+        if self.target_hidden_size != self.hidden_size:
+            d["target_hidden_size"] = self.target_hidden_size
+        if self.norm_before_residual:
+            d["norm_before_residual"] = True
+        if self.taps is not None:
+            # both conventions, so vLLM (top level, entering layer i) and SGLang/SpecForge (nested,
+            # output of layer i) each read the same layers
+            d["eagle_aux_hidden_state_layer_ids"] = list(self.taps)
+            d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [t - 1 for t in self.taps],
+                                 "use_aux_hidden_state": True}
+        return d
+
+
+def _rope_theta(d: dict) -> float:
+    """Default rope only. transformers 5 writes ``rope_parameters``; older configs ``rope_scaling``."""
+    params = d.get("rope_parameters")
+    for scaling in (d.get("rope_scaling"), params):
+        if scaling is None:
+            continue
+        kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else scaling
+        if kind != "default":
+            raise EagleHeadError(f"EAGLE-3 config: rope type {kind!r} is not supported (default rope only)")
+    theta = d.get("rope_theta")
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+    return 10000.0 if theta is None else theta  # absent: HF Llama's default, what EAGLE and vLLM use
+
+
+def _taps(d: dict, eagle_config: dict) -> tuple[int, ...] | None:
+    top = d.get("eagle_aux_hidden_state_layer_ids")  # vLLM: entering-layer indices, used as is
+    nested = eagle_config.get("eagle_aux_hidden_state_layer_ids")  # SGLang/SpecForge: layer outputs
+    for name, ids in (("eagle_aux_hidden_state_layer_ids", top), ("eagle_config.eagle_aux_hidden_state_layer_ids",
+                                                                   nested)):
+        if ids is not None and (not isinstance(ids, list)
+                                or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)):
+            raise EagleHeadError(f"EAGLE-3 config: {name} must be a list of integers, got {ids!r}")
+    from_nested = None if nested is None else tuple(i + 1 for i in nested)
+    if top is not None and from_nested is not None and tuple(top) != from_nested:
+        raise EagleHeadError(f"EAGLE-3 config: eagle_aux_hidden_state_layer_ids {top} (entering layer i) and "
+                             f"eagle_config's {nested} (output of layer i) name different layers")
+    return tuple(top) if top is not None else from_nested
+
+
+# ---------------------------------------------------------------------------------------------------
+# The reference module. Parameter names are the published checkpoint's keys.
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # statistics in fp32, as HF Llama does, then back to the input dtype
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class _MLP(nn.Module):
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF Llama's rope on [B, T, heads, d] (rotate-half pairing: i with i + d/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+class _Attention(nn.Module):
+    """q, k, v read the 2H-wide [embedding ‖ features] input; the output is H wide."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+
+    def forward(self, x, cos, sin, mask, past_key, past_value):
+        b, t, _ = x.shape
+        q = _rotate(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin)
+        k = _rotate(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        keys = k if past_key is None else torch.cat([past_key, k], dim=1)
+        values = v if past_value is None else torch.cat([past_value, v], dim=1)
+        group = self.heads // self.kv_heads  # query head i reads KV head i // group (HF repeat_kv)
+        keys, values = keys.repeat_interleave(group, dim=2), values.repeat_interleave(group, dim=2)
+        scores = torch.einsum("bqhd,bshd->bhqs", q, keys) / math.sqrt(self.head_dim) + mask
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.einsum("bhqs,bshd->bqhd", probs, values).reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out), k, v
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # for the token embedding
+        self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # for the fused features
+        self.self_attn = _Attention(cfg)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, embeds, features, cos, sin, mask, past_key, past_value):
+        normed = self.hidden_norm(features)
+        # the residual is the H-wide features, not the 2H concat the attention reads
+        residual = normed if self.norm_before_residual else features
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # embedding first
+        attn, k, v = self.self_attn(x, cos, sin, mask, past_key, past_value)
+        h = residual + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
+class Eagle3Output(NamedTuple):
+    logits: torch.Tensor  # [B, T, draft_vocab]
+    hidden: torch.Tensor  # [B, T, H], before the final norm: the next step's features
+    key: torch.Tensor  # [B, T, kv_heads, head_dim], only the T new positions (rope applied)
+    value: torch.Tensor  # [B, T, kv_heads, head_dim]
+
+
+def _rotary(cfg: Eagle3Config) -> nn.Module:
+    """transformers' own Llama rotary module, built from the head's dimensions (default rope)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    llama = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+                        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                        intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size, num_hidden_layers=1,
+                        rope_theta=float(cfg.rope_theta), max_position_embeddings=cfg.max_position_embeddings)
+    return LlamaRotaryEmbedding(config=llama)
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 head. ``forward`` starts from the target's taps; ``step`` from fused features.
+
+    Shapes: taps [B, T, 3*H_t] (the three tapped target states concatenated in ``tap_layers`` order),
+    features [B, T, H], embeds [B, T, H] (token embeddings from the target's frozen table, or from
+    ``embed_tokens`` when the checkpoint ships one), position_ids [B, T], attention_mask [B, 1, T, P+T]
+    additive (0 = attend, large negative = not; a bool mask, True = attend, is converted), past K/V
+    [B, P, kv_heads, head_dim] (the seq-major layout of docs/design/contract.md) or None.
+    """
+
+    def __init__(self, cfg: Eagle3Config, *, with_embedding: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = _MidLayer(cfg)
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
+        # Not registered as a submodule: it has no weights in the checkpoint, and .half() would round
+        # its fp32 inverse frequencies (it moves them to the input's device itself).
+        object.__setattr__(self, "rotary", _rotary(cfg))
+
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        if taps.shape[-1] != 3 * self.cfg.target_hidden_size:
+            raise ConfigError(f"EAGLE-3 taps have width {taps.shape[-1]}, expected 3 x {self.cfg.target_hidden_size}")
+        return self.fc(taps)
+
+    def forward(self, taps, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
+        """The first step after a target pass: fuse the taps with ``fc``, then run ``step``."""
+        return self.step(self.fuse(taps), embeds, position_ids, attention_mask, past_key, past_value)
+
+    def step(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
+        """One step from H-wide features: ``fc(taps)``, or a deeper step's previous ``hidden``."""
+        h = self.cfg.hidden_size
+        if features.shape[-1] != h or embeds.shape[-1] != h or features.shape[:2] != embeds.shape[:2]:
+            raise ConfigError(f"EAGLE-3 step: features {tuple(features.shape)} and embeds {tuple(embeds.shape)} "
+                              f"must both be [B, T, {h}]")
+        b, t = features.shape[:2]
+        past = 0 if past_key is None else past_key.shape[1]
+        if tuple(attention_mask.shape) != (b, 1, t, past + t):
+            raise ConfigError(f"EAGLE-3 step: attention_mask is {tuple(attention_mask.shape)}, expected "
+                              f"{(b, 1, t, past + t)}")
+        if attention_mask.dtype == torch.bool:
+            attention_mask = torch.where(attention_mask, torch.tensor(0.0, dtype=features.dtype),
+                                         torch.tensor(torch.finfo(features.dtype).min, dtype=features.dtype))
+        cos, sin = self.rotary(features, position_ids)
+        hidden, k, v = self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key,
+                                     past_value)
+        return Eagle3Output(self.lm_head(self.norm(hidden)), hidden, k, v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The draft vocabulary: draft id i is target id i + d2t[i]; t2d marks the target ids that have one.
+
+
+def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    return draft_ids + d2t[draft_ids]
+
+
+def draft_logits_to_target(logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., D] draft logits → [..., V] with -inf at target ids outside the draft vocabulary (vLLM's way)."""
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    out[..., torch.arange(d2t.shape[0], device=d2t.device) + d2t] = logits
+    return out
+
+
+def target_logits_to_draft(target_logits: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """[..., V] target logits at the draft ids' targets, in draft-id order (the distillation target).
+    EAGLE indexes with t2d instead, which equals this only when the target ids are sorted."""
+    return target_logits[..., torch.arange(d2t.shape[0], device=d2t.device) + d2t]
+
+
+def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab_size: int,
+                       draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check (and, where absent and implied, build) the maps; returns int64 d2t [D] and bool t2d [V]."""
+    if d2t is None:
+        if draft_vocab_size != vocab_size:
+            raise EagleHeadError(f"no d2t: a draft vocabulary of {draft_vocab_size} < vocab_size {vocab_size} "
+                                 "needs the d2t map (EAGLE-1/2 heads have none)")
+        d2t = torch.zeros(draft_vocab_size, dtype=torch.int64)
+    if d2t.dtype.is_floating_point or d2t.dtype.is_complex or d2t.dtype == torch.bool:
+        raise EagleHeadError(f"d2t must hold integers, got {d2t.dtype}")
+    if tuple(d2t.shape) != (draft_vocab_size,):
+        raise EagleHeadError(f"d2t has shape {list(d2t.shape)}, expected [{draft_vocab_size}] (draft_vocab_size)")
+    d2t = d2t.to(torch.int64)
+    targets = torch.arange(draft_vocab_size) + d2t
+    bad = ((targets < 0) | (targets >= vocab_size)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise EagleHeadError(f"d2t maps draft id {i} (offset {int(d2t[i])}) to target id {int(targets[i])}, "
+                             f"outside [0, {vocab_size})")
+    order = torch.argsort(targets, stable=True)
+    dup = (targets[order][1:] == targets[order][:-1]).nonzero()
+    if len(dup):
+        i, j = int(order[int(dup[0])]), int(order[int(dup[0]) + 1])
+        raise EagleHeadError(f"d2t maps draft ids {i} and {j} to the same target id {int(targets[i])}")
+    expected = torch.zeros(vocab_size, dtype=torch.bool)
+    expected[targets] = True
+    if t2d is None:
+        return d2t, expected
+    if tuple(t2d.shape) != (vocab_size,):
+        raise EagleHeadError(f"t2d has shape {list(t2d.shape)}, expected [{vocab_size}] (vocab_size)")
+    if t2d.dtype != torch.bool:
+        if t2d.dtype.is_floating_point or not bool(((t2d == 0) | (t2d == 1)).all()):
+            raise EagleHeadError(f"t2d must be a boolean mask, got {t2d.dtype}")
+        t2d = t2d.to(torch.bool)
+    wrong = (t2d != expected).nonzero()
+    if len(wrong):
+        j = int(wrong[0])
+        if t2d[j]:
+            raise EagleHeadError(f"t2d marks target id {j}, which no draft id maps to through d2t")
+        i = int((targets == j).nonzero()[0])
+        raise EagleHeadError(f"t2d misses target id {j}, which d2t maps draft id {i} to")
+    return d2t, t2d
+
+
+# ---------------------------------------------------------------------------------------------------
+# The checkpoint folder.
+
+
+def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    attn = {"q_proj": (cfg.num_attention_heads * d, 2 * h), "k_proj": (cfg.num_key_value_heads * d, 2 * h),
+            "v_proj": (cfg.num_key_value_heads * d, 2 * h), "o_proj": (h, cfg.num_attention_heads * d)}
+    mlp = {"gate_proj": (cfg.intermediate_size, h), "up_proj": (cfg.intermediate_size, h),
+           "down_proj": (h, cfg.intermediate_size)}
+    return {"fc.weight": (h, 3 * cfg.target_hidden_size),
+            "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
+            **{f"midlayer.self_attn.{n}.weight": s for n, s in attn.items()},
+            "midlayer.post_attention_layernorm.weight": (h,),
+            **{f"midlayer.mlp.{n}.weight": s for n, s in mlp.items()},
+            "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h)}
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    import pickle
+
+    from safetensors import SafetensorError
+
+    st, bin_ = folder / WEIGHTS_NAME, folder / BIN_NAME
+    if st.is_file() or bin_.is_file():
+        try:
+            if st.is_file():
+                from safetensors.torch import load_file
+
+                return load_file(str(st))
+            state = torch.load(str(bin_), map_location="cpu", weights_only=True)
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+            # what safetensors and torch.load raise for a truncated or corrupt file
+            raise EagleHeadError(f"could not read the weights of {folder}: {str(e).splitlines()[0]}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise EagleHeadError(f"{bin_} is not a state dict of tensors")
+        return state
+    if (folder / (WEIGHTS_NAME + ".index.json")).is_file() or (folder / (BIN_NAME + ".index.json")).is_file():
+        raise EagleHeadError(f"{folder} holds a sharded checkpoint; EAGLE-3 heads are read from one file")
+    raise EagleHeadError(f"{folder} has no {WEIGHTS_NAME} or {BIN_NAME}")
+
+
+def _check_layout(state: dict[str, torch.Tensor], raw: dict, where: str) -> None:
+    """EAGLE-1/2 and other layouts, told apart before the config's shapes are checked."""
+    keys = set(state)
+    fc = state.get("fc.weight")
+    hidden = raw.get("hidden_size") if isinstance(raw, dict) else None
+    fused = 3 * (raw.get("target_hidden_size") or hidden) if isinstance(hidden, int) else None
+    # EAGLE-1/2's fc reads cat(embedding, feature): 2H inputs (and 3*H_t may equal 2H only by accident)
+    fc_2h = (fc is not None and fc.dim() == 2 and fc.shape[1] == 2 * fc.shape[0] and fc.shape[1] != fused)
+    if not any(k.startswith("midlayer.") for k in keys):
+        if any(k.startswith("layers.") for k in keys):
+            if fc_2h or "fc.bias" in keys or not any(k.endswith("hidden_norm.weight") for k in keys):
+                raise EagleHeadError(f"{where} is an EAGLE-1/2 checkpoint (layers.N.*, fc over 2H, no midlayer); "
+                                     "specrt reads EAGLE-3 heads only")
+            raise EagleHeadError(f"{where} stores its decoder layer as layers.N.* (speculators or multi-layer "
+                                 "EAGLE-3); only the single midlayer.* layout is supported")
+        raise EagleHeadError(f"{where} has no midlayer.* weights: not an EAGLE-3 head")
+    if fc_2h or "fc.bias" in keys:
+        raise EagleHeadError(f"{where} has an EAGLE-1/2 fc ({'2H inputs' if fc_2h else 'with a bias'}); "
+                             "an EAGLE-3 fc fuses three target states (3 x H_t -> H, no bias)")
+
+
+def _target_dims(target_config: Any) -> tuple[int, int, int | None]:
+    get = target_config.get if isinstance(target_config, dict) else lambda k, default=None: getattr(
+        target_config, k, default)
+    text = get("text_config")  # multimodal wrappers keep the language model's numbers here
+    if text is not None:
+        return _target_dims(text)
+    hidden, vocab = get("hidden_size"), get("vocab_size")
+    if hidden is None or vocab is None:
+        raise EagleHeadError("the target config has no hidden_size or vocab_size")
+    return hidden, vocab, get("num_hidden_layers")
+
+
+def check_target(cfg: Eagle3Config, target_config: Any, *, has_embedding: bool = False) -> tuple[int, int, int] | None:
+    """Refuse a head made for another target; returns the taps to read from it (None without a layer count)."""
+    hidden, vocab, layers = _target_dims(target_config)
+    if cfg.target_hidden_size != hidden:
+        raise EagleHeadError(f"the head was made for a target of hidden size {cfg.target_hidden_size} (fc takes "
+                             f"3 x {cfg.target_hidden_size}); this target's is {hidden}")
+    if cfg.vocab_size != vocab:
+        raise EagleHeadError(f"the head's vocab_size is {cfg.vocab_size}; this target's is {vocab}")
+    if not has_embedding and cfg.hidden_size != hidden:
+        raise EagleHeadError(f"the head is {cfg.hidden_size} wide and ships no embed_tokens.weight, so it needs "
+                             f"the target's embedding, which is {hidden} wide")
+    return None if layers is None else cfg.tap_layers_for(layers)
+
+
+def load_eagle3(path: str | os.PathLike, target_config: Any = None, *, dtype: torch.dtype = torch.float32
+                ) -> tuple[Eagle3Config, Eagle3Head, torch.Tensor, torch.Tensor]:
+    """Read a head in the published layout; with ``target_config`` (an HF config or its dict), also
+    check that it was made for that target. Returns (config, head in eval mode, d2t int64, t2d bool)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise EagleHeadError(f"EAGLE-3 head folder not found: {folder}")
+    config_file = folder / CONFIG_NAME
+    if not config_file.is_file():
+        raise EagleHeadError(f"{folder} has no {CONFIG_NAME}")
+    try:
+        raw = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EagleHeadError(f"{config_file} is not valid JSON: {e}") from None
+    state = _read_weights(folder)
+    _check_layout(state, raw, str(folder))
+    cfg = Eagle3Config.from_json(raw)
+
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from the config
+    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
+    embedding = state.pop("embed_tokens.weight", None)
+    expected = _expected_shapes(cfg)
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise EagleHeadError(f"{folder} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise EagleHeadError(f"{folder} has unexpected weights {', '.join(unexpected[:3])}"
+                             f"{' ...' if len(unexpected) > 3 else ''}")
+    if embedding is not None:
+        expected["embed_tokens.weight"] = (cfg.vocab_size, cfg.hidden_size)
+        state["embed_tokens.weight"] = embedding
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise EagleHeadError(f"{name} is {list(state[name].shape)}, the config implies {list(shape)}")
+        if not state[name].dtype.is_floating_point:
+            raise EagleHeadError(f"{name} is {state[name].dtype}, expected a float tensor")
+    d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
+    if target_config is not None:
+        check_target(cfg, target_config, has_embedding=embedding is not None)
+
+    head = Eagle3Head(cfg, with_embedding=embedding is not None).to(dtype)
+    head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    return cfg, head.eval(), d2t, t2d
+
+
+def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2t: torch.Tensor | None,
+                t2d: torch.Tensor | None, *, dtype: str = "float32") -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in the published layout (float weights as
+    ``dtype``; d2t int64, t2d bool). Everything is checked before anything is written, and each file
+    lands by rename, so a failure leaves no half-written head."""
+    from safetensors.torch import save_file
+
+    if dtype not in _DTYPES:
+        raise EagleHeadError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if head.cfg != cfg:
+        raise EagleHeadError("the head was built from another config than the one given to save_eagle3")
+    d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
+    state = {k: v.detach().to("cpu", _DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
+    state["d2t"], state["t2d"] = d2t.contiguous(), t2d.contiguous()
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
+        save_file(state, str(tmp_weights), metadata={"format": "pt"})
+        tmp_config.write_text(json.dumps(cfg.to_json(torch_dtype=dtype), indent=2) + "\n")
+        os.replace(tmp_weights, folder / WEIGHTS_NAME)
+        os.replace(tmp_config, folder / CONFIG_NAME)
+    except OSError as e:
+        raise EagleHeadError(f"could not write the EAGLE-3 head to {folder}: {e}") from None
+    return folder
