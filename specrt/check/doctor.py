@@ -192,3 +192,32 @@ def diagnose() -> Report:
         report.notes.append("a GPU is present but TensorRT is not importable: pip install 'specrt[trt]' on x86-64, "
                             "or use JetPack's TensorRT on Jetson")
     return report
+
+
+def as_dict(report: Report, bandwidth: list[dict] | None = None) -> dict:
+    """``specrt doctor --json``: the report, and the bandwidth probes when they ran."""
+    from dataclasses import asdict
+
+    return {**asdict(report), **({"bandwidth": bandwidth} if bandwidth is not None else {})}
+
+
+def render(report: Report, bandwidth: list[dict] | None = None) -> str:
+    """``specrt doctor``'s text: one labelled line per fact, then the notes and the bandwidth probes."""
+    r = report
+    lines = [f"python        {r.python}", *(f"{name:<13} {version or '-'}" for name, version in r.packages.items()),
+             f"ORT providers {', '.join(r.ort_providers) or '-'}"]
+    lines += [f"GPU {g['index']}         {g['name']}, compute {g['compute_capability']}, {g['memory_gib']} GiB "
+              f"(via {r.gpu_source})" for g in r.gpus] or ["GPU           none visible"]
+    if r.jetson:
+        j = r.jetson
+        lines.append(f"Jetson        {j.model}, L4T {j.l4t or '?'}, JetPack {j.jetpack or '?'}, "
+                     f"power mode {j.power_mode or '?'}")
+    lines.append(f"backend       {r.backend}")
+    lines += [f"note          {note}" for note in r.notes]
+    for p in bandwidth or []:
+        if "read_gbps" in p:
+            lines.append(f"bandwidth     {p['device']}: read {p['read_gbps']:.1f} GB/s, copy {p['copy_gbps']:.1f} "
+                         f"GB/s ({p['array_bytes'] / 2**20:.0f} MiB, best of {p['repeats']})")
+        else:
+            lines.append(f"bandwidth     {p['device']}: skipped, {p['skipped']}")
+    return "\n".join(lines)

@@ -122,6 +122,13 @@ def jetson_defaults(free_memory_mb: int, opts: BuildOptions) -> BuildOptions:
     return replace(opts, workspace_mb=max(256, min(4096, free_memory_mb // 2)), jetson=True)
 
 
+def free_memory_mb() -> int:
+    """Memory free now, in MiB (on a Jetson: the unified memory the GPU shares with the CPU)."""
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
 def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
     """The engines' precision: the graphs' own (a strongly typed network computes in the ONNX types).
     Asking for another one is a one-line error naming the export that gives it."""

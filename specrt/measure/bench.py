@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import theory
-from ..errors import ConfigError, SpecrtError
+from ..errors import ConfigError
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
@@ -274,30 +274,13 @@ def _energy(joules: float, tokens: int) -> dict:
 def make_peers(gen: SpeculativeGenerator, kinds: Sequence[str], hf_target: str | None = None,
                hf_draft: str | None = None, threads: int | None = None, peer_precision: str | None = None,
                peer_cache: str | Path | None = None, on_progress: Callable[[str], None] | None = None) -> list[Peer]:
-    """The peers ``kinds`` ("hf", "ortgenai") on the bundle's source checkpoints (or ``hf_target`` /
-    ``hf_draft``); ONNX Runtime GenAI's model is built at the bundle's precision, or ``peer_precision``."""
-    import importlib.util
+    """The peers of the registered ``kinds`` (``measure.peers.peer_kinds()``: "hf", "ortgenai") on the bundle's
+    source checkpoints (or ``hf_target`` / ``hf_draft``); a kind that builds its own model (ONNX Runtime
+    GenAI) builds it at the bundle's precision, or ``peer_precision``."""
+    from .peers import PeerRequest, create_peers
 
-    if peer_precision and "ortgenai" not in kinds:
-        raise ConfigError("--peer-precision applies to --compare ortgenai")
     m = gen.manifest
-    target = Path(hf_target or m.target.source)
-    peers: list[Peer] = []
-    for kind in kinds:
-        if kind == "hf":
-            missing = [x for x in ("torch", "transformers") if importlib.util.find_spec(x) is None]
-            if missing:
-                raise SpecrtError(f"--compare hf needs torch and transformers ({missing[0]} is missing): "
-                                  "pip install torch==2.13.0 && pip install 'specrt[export]'")
-            from .peers.hf import hf_peers
-
-            draft = Path(hf_draft or m.draft.source) if (hf_draft or m.draft) else None
-            peers += hf_peers(target, draft, threads=threads)
-        elif kind == "ortgenai":
-            from .peers.ortgenai import default_cache_dir, ortgenai_peer
-
-            peers.append(ortgenai_peer(target, m.target, Path(peer_cache) if peer_cache else default_cache_dir(),
-                                       peer_precision, threads, on_progress))
-        else:
-            raise ConfigError(f"unknown peer {kind!r}")
-    return peers
+    draft = hf_draft or (m.draft.source if m.draft else None)
+    return create_peers(kinds, PeerRequest(Path(hf_target or m.target.source), Path(draft) if draft else None,
+                                           m.target, threads, peer_precision,
+                                           Path(peer_cache) if peer_cache else None, on_progress))

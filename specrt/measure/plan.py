@@ -43,6 +43,11 @@ def oracle_line(alpha: float, row: PlanRow) -> str:
             f"{row.expected_tokens:.2f}, {row.expected_tokens / ceiling:.0%} of it")
 
 
+def stand_in_note(c: float) -> str:
+    """What the ops-factor column means when no μ was given or measured."""
+    return f"μ = c = {c:.3f}: a time ratio standing in for the ops ratio (give --mu, or --bundle)"
+
+
 def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, str]:
     """μ of a bundle's draft: draft / target matmul FLOPs per token from the graphs (manifest figures, else
     read with onnx, else estimated), plus attention at ``context`` positions from the manifest dims; and
@@ -68,6 +73,10 @@ class Measurement:
     c: float  # draft pass time / plain target decode pass time (as bench reports it)
     temperature: float
     prompts: int
+
+    def describe(self) -> str:
+        return (f"measured on {self.prompts} prompts at temperature {self.temperature:g}: α = {self.alpha:.3f} "
+                f"(accepted/drafted {self.acceptance_rate:.3f}), c = {self.c:.3f}")
 
 
 def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,

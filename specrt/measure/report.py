@@ -156,3 +156,30 @@ def print_peers(result: dict, console) -> None:
     if any(row["prompt_ids_equal"] < 1 for row in result["peers"].values()):
         lines.append("a peer's own tokenizer gives other prompt ids than specrt's for some prompts (column above)")
     console.print("\n".join(lines))
+
+
+def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
+               mu_note: str | None = None) -> None:
+    """``specrt plan``'s table (the optimal γ in bold green), the optimum, the oracle ceiling and where μ
+    came from (``mu_note``; without μ, c stands in for it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .plan import oracle_line, plan_table, stand_in_note
+
+    rows = plan_table(alpha, c, max_gamma, mu)
+    best = max(rows, key=lambda r: r.speedup)
+    t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
+    for col in ("γ", "E[tokens/pass]", "cost γc+1", "speedup", "ops factor"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r.gamma), f"{r.expected_tokens:.3f}", f"{r.relative_cost:.3f}", f"{r.speedup:.3f}x",
+                  f"{r.ops_factor:.2f}x", style="bold green" if r is best else None)
+    console = Console()
+    console.print(t)
+    for line in (f"optimal γ = {best.gamma}: {best.speedup:.2f}x over plain decoding"
+                 + ("" if best.speedup > 1 else " — this draft cannot pay for itself")
+                 + f", at {best.ops_factor:.2f}x its arithmetic",
+                 oracle_line(alpha, best), mu_note if mu is not None else stand_in_note(c)):
+        if line:
+            console.out(line, highlight=False)

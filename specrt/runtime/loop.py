@@ -20,6 +20,7 @@ from .stats import StatsRecorder, StepRecord
 from .tree import verify_tree_greedy, verify_tree_sampled
 from .verify import accept_chain
 
+
 @dataclass
 class DecodeState:
     tokens: list[int]  # the context: prompt + tokens generated so far

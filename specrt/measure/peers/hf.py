@@ -5,14 +5,15 @@ torch and transformers are imported inside the functions: importing this module 
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from pathlib import Path
 from typing import Sequence
 
 from ...bundle.manifest import id_set
-from ...errors import ModelLoadError
+from ...errors import ModelLoadError, SpecrtError
 from ...runtime.sampling import SamplingConfig
-from . import PeerRun, missing_checkpoint, until_end
+from . import PeerRequest, PeerRun, missing_checkpoint, register_peer, until_end
 
 
 def _load(folder: Path, dtype: str):
@@ -93,3 +94,13 @@ def hf_peers(target: Path, draft: Path | None, threads: int | None = None, dtype
         peers.append(HfPeer("hf_assisted", f"Hugging Face assisted generation ({version})", model, tok, assistant,
                             details | {"draft": str(draft)}))
     return peers
+
+
+@register_peer("hf")
+def _hf(request: PeerRequest) -> list[HfPeer]:
+    missing = [x for x in ("torch", "transformers") if importlib.util.find_spec(x) is None]
+    if missing:
+        # The export extra's install line (export.pipeline.INSTALL; measure/ does not import export/).
+        raise SpecrtError(f"--compare hf needs torch and transformers ({missing[0]} is missing): "
+                          "pip install torch==2.13.0 && pip install 'specrt[export]'")
+    return hf_peers(request.target, request.draft, threads=request.threads)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ...bundle.manifest import ModelEntry, id_set
 from ...errors import ConfigError, ModelLoadError, SpecrtError
 from ...runtime.sampling import SamplingConfig
-from . import PeerRun, missing_checkpoint, until_end
+from . import PeerRequest, PeerRun, missing_checkpoint, register_peer, until_end
 
 # What the builder (0.18) makes for the CPU execution provider: FP32, INT8 and INT4 (fp16/bf16 are for
 # CUDA, DML, TensorRT-RTX). Both quantized kinds are MatMulNBits weight-only, as specrt's quantize.
@@ -218,3 +218,9 @@ def ortgenai_peer(checkpoint: Path, entry: ModelEntry, cache_dir: Path, precisio
                "build_seconds": built.build_seconds, "onnxruntime_genai": og.__version__}
     return OrtGenaiPeer(built.path, "ortgenai", f"ONNX Runtime GenAI {og.__version__} plain decoding, {spec.precision} "
                         "(its model builder), cpu", threads, details)
+
+
+@register_peer("ortgenai", precision=True)
+def _ortgenai(request: PeerRequest) -> list[OrtGenaiPeer]:
+    return [ortgenai_peer(request.target, request.entry, request.cache_dir or default_cache_dir(), request.precision,
+                          request.threads, request.on_progress)]
