@@ -14,6 +14,21 @@ Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, 
     hidden          {dtype}  [B, Q, H]        final hidden state (after the last norm), for Medusa
     new_key.N       {dtype}  [B, Q, H_kv, D]  ONLY the Q new slices; the runtime owns the cache
     new_value.N     {dtype}  [B, Q, H_kv, D]
+    eagle_taps      {dtype}  [B, Q, T*H]      only in a target exported with an EAGLE-3 head: the hidden
+                                              states ENTERING layers ``eagle_taps`` (T of them, 3 for
+                                              EAGLE-3), concatenated in that order
+
+An EAGLE-3 head (kind "eagle3") is one decoder layer with the same cache I/O (one layer) and two more
+inputs; its logits are over the draft vocabulary (D_v ids, mapped to target ids by the bundle's vocab
+map) and its ``hidden`` is the layer's output before the final norm: the next draft step's features.
+
+    eagle_taps      {dtype}  [B, Q, T*H_t]    the target's taps at the row's position (zeros: none)
+    eagle_features  {dtype}  [B, Q, H]        the head's own ``hidden`` of the row before (zeros: none)
+    logits          float32  [B, Q, D_v]
+
+The head fuses ``fc(eagle_taps) + eagle_features`` (fc has no bias, so a row passes exactly one of the
+two and zeros for the other): rows that follow verified tokens read the target's taps, rows of deeper
+draft steps the head's own features, in one graph.
 """
 
 from __future__ import annotations
@@ -28,6 +43,9 @@ POSITION_IDS = "position_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
 HIDDEN = "hidden"
+EAGLE_TAPS = "eagle_taps"
+EAGLE_FEATURES = "eagle_features"
+KINDS = ("decoder", "eagle3")
 
 DTYPES = ("float32", "float16")
 
@@ -79,10 +97,16 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def decoder_io(dims: ModelDims, dtype: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The (inputs, outputs) of a decoder graph with the given dims and weight/KV dtype."""
+def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: int = 0
+               ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The (inputs, outputs) of a graph with the given dims and weight/KV dtype. ``tap_width``: a decoder's
+    ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "eagle3" and tap_width < 1:
+        raise ValueError("an EAGLE-3 head needs the width of the target taps it reads")
     kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
     kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
     inputs = [
@@ -90,10 +114,15 @@ def decoder_io(dims: ModelDims, dtype: str) -> tuple[list[TensorSpec], list[Tens
         TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
         TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "past_plus_query")),
     ]
+    if kind == "eagle3":
+        inputs += [TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)),
+                   TensorSpec(EAGLE_FEATURES, dtype, ("batch", "query", dims.hidden_size))]
     outputs = [
         TensorSpec(LOGITS, "float32", ("batch", "query", dims.vocab_size)),
         TensorSpec(HIDDEN, dtype, ("batch", "query", dims.hidden_size)),
     ]
+    if kind == "decoder" and tap_width:
+        outputs.append(TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)))
     for i in range(dims.num_layers):
         inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
         outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
-from .contract import DTYPES, FORMAT_VERSION, ModelDims, TensorSpec, decoder_io
+from .contract import DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
 
 
 def id_set(value) -> set[int]:
@@ -47,17 +47,29 @@ class ModelEntry:
     # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.
     weight_bytes: int | None = None
     matmul_flops_per_token: int | None = None
+    # "decoder", or "eagle3" for an EAGLE-3 head (contract.py: its extra inputs, draft-vocabulary logits).
+    kind: str = "decoder"
+    # A target: the layers whose entering hidden states its graph outputs as eagle_taps (empty: none).
+    # An EAGLE-3 head: the target layers it was trained on, which the target must output in this order.
+    eagle_taps: tuple[int, ...] = ()
+    tap_width: int = 0  # eagle_taps' width: len(eagle_taps) x the target's hidden size
+    # An EAGLE-3 head: the .npy file (int64 [D_v], strictly ascending) of the target id of each draft id.
+    vocab_map: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.kind not in KINDS:
+            raise BundleError(f"model kind {self.kind!r} is not one of {KINDS}")
+        if self.kind == "eagle3" and (not self.eagle_taps or not self.tap_width or not self.vocab_map):
+            raise BundleError("an EAGLE-3 head's entry needs its eagle_taps, tap_width and vocab_map")
         for name in ("weight_bytes", "matmul_flops_per_token"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
 
     def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
-        return decoder_io(self.dims, self.dtype)
+        return decoder_io(self.dims, self.dtype, self.kind, self.tap_width)
 
     def to_json(self) -> dict[str, Any]:
         ins, outs = self.io()
@@ -72,7 +84,9 @@ class ModelEntry:
                    dims=ModelDims(**d["dims"]), parity=_parity_figures(d.get("parity", {})),
                    parity_tolerance=_parity_tolerance(d.get("parity_tolerance", {})), golden=d.get("golden"),
                    quantization=d.get("quantization"), graph=d.get("graph", "portable"),
-                   weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"))
+                   weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"),
+                   kind=d.get("kind", "decoder"), eagle_taps=tuple(d.get("eagle_taps", ())),
+                   tap_width=int(d.get("tap_width", 0)), vocab_map=d.get("vocab_map"))
 
 
 def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -129,7 +143,7 @@ class TokenizerEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The whole ``specrt.json``. ``models`` maps a role ("target", "draft") to its entry."""
+    """The whole ``specrt.json``. ``models`` maps a role ("target", "draft", "eagle") to its entry."""
 
     max_context: int
     tokenizer: TokenizerEntry
@@ -145,6 +159,16 @@ class Manifest:
             raise BundleError("manifest has no 'target' model")
         if self.max_context < 1:
             raise BundleError(f"max_context must be positive, got {self.max_context}")
+        if self.target.kind != "decoder":
+            raise BundleError(f"the target must be a decoder, got kind {self.target.kind!r}")
+        head = self.eagle
+        if head is not None:
+            if head.kind != "eagle3":
+                raise BundleError(f"the 'eagle' model must be of kind 'eagle3', got {head.kind!r}")
+            if (head.eagle_taps, head.tap_width) != (self.target.eagle_taps, self.target.tap_width):
+                raise BundleError(f"the EAGLE-3 head reads target layers {list(head.eagle_taps)} ({head.tap_width} "
+                                  f"values) but the target graph outputs {list(self.target.eagle_taps)} "
+                                  f"({self.target.tap_width})")
 
     @property
     def target(self) -> ModelEntry:
@@ -153,6 +177,11 @@ class Manifest:
     @property
     def draft(self) -> ModelEntry | None:
         return self.models.get("draft")
+
+    @property
+    def eagle(self) -> ModelEntry | None:
+        """The EAGLE-3 head, where the bundle has one."""
+        return self.models.get("eagle")
 
     def to_json(self) -> dict[str, Any]:
         return {
