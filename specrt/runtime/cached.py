@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from ..bundle import contract as C
 from .backends import Decoder
 from .masks import speculation_mask
 from .rows import LogitRows
@@ -29,15 +30,19 @@ class CachedModel:
         self._device = None  # the last pass's logits when they stayed on the device
         self._serial = 0
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
+        # A target with an EAGLE-3 tap output: the last pass's taps, every row, from position taps_start on.
+        self.taps: np.ndarray | None = None
+        self.taps_start = 0
 
     def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
-            last: int) -> LogitRows:
+            last: int, extra: dict[str, np.ndarray] | None = None) -> LogitRows:
         """One forward pass over ``tokens`` appended after ``cache.length``; the last ``last`` rows of
         logits, valid until this model's next pass. All fed entries become valid; a caller that
-        rejects some rolls back the cache."""
+        rejects some rolls back the cache. ``extra``: further inputs by contract name (an EAGLE-3 head's)."""
         q_len = len(tokens)
         t0 = time.perf_counter()
-        out = self.decoder.forward(self.cache, np.asarray(tokens, np.int64), positions, mask)
+        args = (self.cache, np.asarray(tokens, np.int64), positions, mask)
+        out = self.decoder.forward(*args, extra=extra) if extra else self.decoder.forward(*args)
         self.forward_s += time.perf_counter() - t0
         self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
         # Only the rows the caller reads are summarised on the device (a prefill's last, not the prompt's).
@@ -46,6 +51,8 @@ class CachedModel:
         self.passes += 1
         self._serial += 1  # never reset: tells rows of this pass from rows of any later one
         self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
+        if C.EAGLE_TAPS in out.extra:
+            self.taps, self.taps_start = out.extra[C.EAGLE_TAPS].copy(), self.cache.length - q_len
         made_at = self._serial
         valid = lambda: self._serial == made_at  # noqa: E731
         if self._device is not None:
@@ -53,12 +60,19 @@ class CachedModel:
         return LogitRows(out.logits[q_len - last:], sampling, self.vocab, valid)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
-             tree_parents: list[int] | tuple[int, ...] = ()) -> LogitRows:
+             tree_parents: list[int] | tuple[int, ...] = (), extra: dict[str, np.ndarray] | None = None) -> LogitRows:
         """Feed context ``tokens`` causally, optionally followed by a token tree hanging below the last
         of them (``tree_parents`` covers the final ``len(tree_parents)`` entries of ``tokens``)."""
         prefix = len(tokens) - len(tree_parents)
         mask, positions = speculation_mask(self.cache.length, prefix, tree_parents)
-        return self.run(tokens, positions, mask, sampling, last)
+        return self.run(tokens, positions, mask, sampling, last, extra)
+
+    def taps_at(self, start: int, stop: int) -> np.ndarray:
+        """The EAGLE-3 taps of positions [start, stop), all from the last pass (which must have made them)."""
+        if self.taps is None or start < self.taps_start or stop > self.taps_start + len(self.taps):
+            raise RuntimeError(f"taps of positions [{start}, {stop}) are not in the last pass's "
+                               f"[{self.taps_start}, {self.taps_start + (0 if self.taps is None else len(self.taps))})")
+        return self.taps[start - self.taps_start:stop - self.taps_start]
 
     @property
     def copied_bytes(self) -> int:
@@ -70,3 +84,4 @@ class CachedModel:
         self.passes = 0
         self._copied, self._device = 0, None
         self.forward_s = 0.0
+        self.taps, self.taps_start = None, 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -11,29 +10,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .cached import CachedModel
 from .dist import Dist
 from .masks import tree_mask
+from .proposal import DrafterContext, Proposal
 from .sampling import SamplingConfig
 from .tree import TokenTree, TreeShape
-
-
-@dataclass(frozen=True)
-class DrafterContext:
-    """What a bundle and the decoding options offer a drafter; each method's ``build`` takes what it needs."""
-
-    vocab: int
-    model: CachedModel | None = None  # the draft model, where the bundle has one
-    tree: TreeShape = TreeShape()
-    heads: object | None = None  # Medusa heads, loaded where the method needs them
-    paths: tuple = ()  # the bundle's static Medusa tree
-    acceptance: str = "exact"
-
-
-@dataclass(frozen=True)
-class Proposal:
-    tokens: list[int]
-    # The q each token was drawn from (a point for deterministic drafters), held on its support:
-    # verification reads q(x), and q's row only to build a residual after a rejection.
-    dists: list[Dist]
-    passes: int = 0  # draft-model forward passes spent on it
 
 
 class Drafter(Protocol):
@@ -211,7 +190,9 @@ class TreeDrafter(ModelDrafter):
         return TokenTree(nodes, parents, child_q, passes)
 
 
-# Registered here so that every method lives in one table; the class itself is in medusa.py.
+# Registered here so that every method lives in one table; the classes are in medusa.py and eagle.py.
+from .eagle import EagleDrafter  # noqa: E402
 from .medusa import MedusaDrafter  # noqa: E402
 
 register_method("medusa")(MedusaDrafter)
+register_method("eagle")(EagleDrafter)

@@ -127,10 +127,11 @@ class SpeculativeGenerator:
             raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
         self.decoders: dict[str, Decoder] = {
             role: create_decoder(backend, self.bundle, entry, threads, role, low_memory)
-            for role, entry in self.manifest.models.items()}
+            for role, entry in self.manifest.models.items() if role != "eagle"}  # the head: on first use
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
-        self._backend, self._threads = backend, threads
+        self._backend, self._threads, self._low_memory = backend, threads, low_memory
+        self._vocab_map: np.ndarray | None = None
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
 
@@ -177,8 +178,11 @@ class SpeculativeGenerator:
 
     @property
     def default_method(self) -> str:
-        """What ``method="auto"`` runs: the best this bundle holds, a draft model's chain where it has one,
-        else prompt lookup (no model; exact, and never slower than plain decoding by more than its lookup)."""
+        """What ``method="auto"`` runs: the best this bundle holds: its EAGLE-3 head, else a draft model's
+        chain, else prompt lookup (no model; exact, and never slower than plain decoding by more than its
+        lookup)."""
+        if self.manifest.eagle is not None:
+            return "eagle"
         return "draft" if "draft" in self._models else "ngram"
 
     def resolve_method(self, method: str) -> str:
@@ -195,10 +199,40 @@ class SpeculativeGenerator:
                 raise ConfigError(f"method {method!r} needs Medusa heads and this bundle has none "
                                   "(specrt export ... --medusa HEADS)")
             self._heads = create_heads(self._backend, self.bundle, self.manifest.medusa.file, self._threads)
+        if getattr(cls, "needs_eagle", False):
+            self._load_eagle(method)
         medusa = self.manifest.medusa
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
-                                        acceptance=opts.acceptance))
+                                        acceptance=opts.acceptance, target=self._models["target"],
+                                        eagle=self._models.get("eagle"), vocab_map=self._vocab_map))
+
+    def _load_eagle(self, method: str) -> None:
+        """The EAGLE-3 head's session, cache and vocabulary map, made on first use."""
+        entry = self.manifest.eagle
+        if entry is None:
+            raise ConfigError(f"method {method!r} needs an EAGLE-3 head and this bundle has none "
+                              "(specrt export ... --eagle HEAD)")
+        if "eagle" in self._models:
+            return
+        if not getattr(self.decoders["target"], "supports_eagle", False):
+            raise ConfigError(f"the {self.decoders['target'].provider} backend does not run EAGLE-3 heads yet; "
+                              "use --backend onnxruntime")
+        path = self.bundle / entry.vocab_map
+        try:
+            vocab_map = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise BundleError(f"cannot read the EAGLE-3 vocabulary map {entry.vocab_map}: {e}") from None
+        vocab = self.manifest.target.dims.vocab_size
+        if (vocab_map.shape != (entry.dims.vocab_size,) or vocab_map.dtype.kind not in "iu"
+                or (len(vocab_map) > 1 and not (np.diff(vocab_map) > 0).all())
+                or vocab_map[0] < 0 or vocab_map[-1] >= vocab):
+            raise BundleError(f"{entry.vocab_map} must hold {entry.dims.vocab_size} strictly ascending target ids "
+                              f"in [0, {vocab})")
+        decoder = create_decoder(self._backend, self.bundle, entry, self._threads, "draft", self._low_memory)
+        self.decoders["eagle"] = decoder
+        self._models["eagle"] = CachedModel(decoder, self.manifest.max_context, entry.dims.vocab_size)
+        self._vocab_map = vocab_map.astype(np.int64)
 
     def stream(self, prompt: str, options: DecodeOptions | None = None, **changes: Any) -> Stream:
         """Text pieces as they are decided, for ``options`` (:class:`DecodeOptions`; keyword ``changes``

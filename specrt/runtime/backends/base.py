@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class DecoderOutput:
     hidden: np.ndarray  # (Q, H)
     copied_bytes: int = 0  # brought from device memory to the host for this output (0 on CPU backends)
     device_logits: DeviceLogits | None = None  # set when ``logits`` stayed in device memory
+    # The graph's further outputs by contract name (a target's eagle_taps: (Q, T*H)), valid until the next forward.
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class Decoder(Protocol):
@@ -60,6 +62,9 @@ class Decoder(Protocol):
 
     def forward(self, cache: KVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray) -> DecoderOutput: ...
+
+    # A backend that runs EAGLE-3 (a target's eagle_taps output, a head's extra inputs) also takes
+    # ``forward(..., extra={name: (Q, width) array})`` and sets ``supports_eagle = True``.
 
 
 class Heads(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -180,6 +181,10 @@ class OrtDecoder:
         # Host buffers for the outputs; no logits rows when they stay in device memory.
         self._logits = np.empty((1, 0, 0 if self.summary else entry.dims.vocab_size), np.float32)
         self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
+        # A target exported for an EAGLE-3 head also outputs the hidden states its head reads.
+        self._taps = np.empty((1, 0, entry.tap_width), self.kv_dtype) if entry.kind == "decoder" else None
+
+    supports_eagle = True
 
     def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
         if self.memory is None:
@@ -190,6 +195,8 @@ class OrtDecoder:
         if self._logits.shape[1] < q_len:  # grows to the longest prompt seen, then stays
             self._logits = np.empty((1, q_len, self._logits.shape[2]), np.float32)
             self._hidden = np.empty((1, q_len, self.entry.dims.hidden_size), self.kv_dtype)
+            if self._taps is not None:
+                self._taps = np.empty((1, q_len, self.entry.tap_width), self.kv_dtype)
         return self._logits[:, :q_len], self._hidden[:, :q_len]
 
     def _bind(self, name: str, arr: np.ndarray, output: bool = False) -> None:
@@ -197,7 +204,8 @@ class OrtDecoder:
         bind(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
     def forward(self, cache: KVCache | DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray) -> DecoderOutput:
+                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
         q_len, past = len(input_ids), cache.length
         cache.ensure_room(q_len)
         ids = np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, q_len)
@@ -209,6 +217,8 @@ class OrtDecoder:
         self._bind(C.INPUT_IDS, ids)
         self._bind(C.POSITION_IDS, pos)
         self._bind(C.ATTENTION_MASK, mask)
+        for name, rows in (extra or {}).items():
+            self._bind(name, np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1))
         # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
         past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
         offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
@@ -224,14 +234,20 @@ class OrtDecoder:
         else:
             self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)
+        outputs = {}
+        if self._taps is not None and self.entry.tap_width:
+            outputs[C.EAGLE_TAPS] = self._taps[:, :q_len]
+            self._bind(C.EAGLE_TAPS, outputs[C.EAGLE_TAPS], output=True)
         self.session.run_with_iobinding(b)
         # On the CUDA provider the host-bound outputs are copied down by ORT.
         on_device = self.kv_device == "cuda"
+        extra = {name: rows[0] for name, rows in outputs.items()}
+        extra_bytes = sum(rows.nbytes for rows in extra.values()) if on_device else 0
         if self.summary is not None:
-            return DecoderOutput(logits=None, hidden=hidden[0], copied_bytes=hidden.nbytes if on_device else 0,
-                                 device_logits=self.summary.rows(q_len))
-        return DecoderOutput(logits=logits[0], hidden=hidden[0],
-                             copied_bytes=logits.nbytes + hidden.nbytes if on_device else 0)
+            return DecoderOutput(logits=None, hidden=hidden[0], device_logits=self.summary.rows(q_len), extra=extra,
+                                 copied_bytes=(hidden.nbytes if on_device else 0) + extra_bytes)
+        return DecoderOutput(logits=logits[0], hidden=hidden[0], extra=extra,
+                             copied_bytes=(logits.nbytes + hidden.nbytes if on_device else 0) + extra_bytes)
 
 
 class _Summary:

@@ -1,0 +1,126 @@
+"""The EAGLE-3 drafter's bookkeeping on recording stand-ins: which target taps each head row reads, which
+head rows survive verification, and the draft-to-target id mapping of q. (End-to-end exactness on
+exported heads: tests/export/test_eagle_export.py and the end-to-end tests below when a bundle is built.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from specrt.bundle import contract as C
+from specrt.bundle.contract import ModelDims
+from specrt.runtime.backends.base import DecoderOutput
+from specrt.runtime.cached import CachedModel
+from specrt.runtime.dist import Dist
+from specrt.runtime.eagle import EagleDrafter, to_target
+from specrt.runtime.kvcache import KVCache
+from specrt.runtime.sampling import SamplingConfig
+
+H, TAPS = 4, 3 * 4
+VOCAB, DRAFT_VOCAB = 12, 5
+VOCAB_MAP = np.array([0, 2, 3, 7, 11])
+
+
+@dataclass
+class _Entry:
+    dims: ModelDims
+    tap_width: int
+    kind: str
+
+
+class _Recorder:
+    """A decoder that records every pass. The target's taps of position j are j in every column (so a
+    head row's taps name the position they came from); the head's hidden of row j is -j."""
+
+    supports_eagle = True
+    provider = "stand-in"
+
+    def __init__(self, kind: str, vocab: int) -> None:
+        self.entry = _Entry(ModelDims(1, 1, 1, 2, H, vocab), TAPS if kind == "decoder" else TAPS, kind)
+        self.calls: list[dict] = []
+        self.rng = np.random.default_rng(0)
+
+    def new_cache(self, max_context: int) -> KVCache:
+        return KVCache(self.entry.dims, max_context, np.float32)
+
+    def forward(self, cache, input_ids, position_ids, mask, extra=None) -> DecoderOutput:
+        q = len(input_ids)
+        self.calls.append({"ids": list(input_ids), "pos": list(position_ids), "past": cache.length,
+                           "extra": {k: np.array(v) for k, v in (extra or {}).items()}})
+        logits = self.rng.normal(size=(q, self.entry.dims.vocab_size)).astype(np.float32)
+        positions = np.asarray(position_ids, np.float32)
+        if self.entry.kind == "decoder":
+            return DecoderOutput(logits, np.zeros((q, H), np.float32),
+                                 extra={C.EAGLE_TAPS: np.repeat(positions[:, None], TAPS, axis=1)})
+        return DecoderOutput(logits, -np.repeat(positions[:, None], H, axis=1))
+
+
+def _pair():
+    target = CachedModel(_Recorder("decoder", VOCAB), 64, VOCAB)
+    head = CachedModel(_Recorder("eagle3", DRAFT_VOCAB), 64, DRAFT_VOCAB)
+    return target, head, EagleDrafter(head, target, VOCAB_MAP, VOCAB)
+
+
+def test_each_head_row_pairs_the_taps_of_its_position_with_the_next_token():
+    target, head, drafter = _pair()
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    prompt = [5, 6, 7, 8]
+    target.feed(prompt, greedy, last=1)  # prefill: taps of positions 0..3
+    tokens = prompt + [9]  # the target's first token, not in its cache yet
+    proposal = drafter.propose(tokens, 3, greedy, rng)
+    catch_up, *steps = head.decoder.calls
+    assert catch_up["ids"] == [6, 7, 8, 9] and catch_up["pos"] == [0, 1, 2, 3] and catch_up["past"] == 0
+    assert catch_up["extra"][C.EAGLE_TAPS][:, 0].tolist() == [0, 1, 2, 3]  # taps of positions 0..3
+    assert not catch_up["extra"][C.EAGLE_FEATURES].any()
+    # Deeper rows: the drafted token, no taps, the head's own output of the row before
+    assert [s["ids"] for s in steps] == [[proposal.tokens[0]], [proposal.tokens[1]]]
+    assert [s["pos"] for s in steps] == [[4], [5]]
+    assert not steps[0]["extra"][C.EAGLE_TAPS].any() and steps[0]["extra"][C.EAGLE_FEATURES][0, 0] == -3
+    assert steps[1]["extra"][C.EAGLE_FEATURES][0, 0] == -4
+    assert proposal.passes == 3 and all(t in VOCAB_MAP for t in proposal.tokens)
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 3])
+def test_rows_fed_the_heads_own_features_are_recomputed_after_verification(accepted):
+    target, head, drafter = _pair()
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    prompt = [5, 6, 7, 8]
+    target.feed(prompt, greedy, last=1)
+    tokens = prompt + [9]
+    proposal = drafter.propose(tokens, 3, greedy, rng)
+    # Verify: the target runs [9, d1, d2, d3] at positions 4..7, keeps `accepted` drafts and a next token
+    target.feed([9] + proposal.tokens, greedy, last=4)
+    target.cache.truncate(len(tokens) + accepted)
+    drafter.rollback(len(tokens) + accepted)
+    assert head.cache.length == 4  # rows 0..3 read the target's taps; rows 4, 5 are dropped
+    tokens = tokens + proposal.tokens[:accepted] + [10]
+    head.decoder.calls.clear()
+    drafter.propose(tokens, 2, greedy, rng)
+    catch_up = head.decoder.calls[0]
+    # Rows 4 .. len-2 again, now with the verify pass's taps (positions 4 .. 4 + accepted)
+    assert catch_up["pos"] == list(range(4, len(tokens) - 1)) and catch_up["past"] == 4
+    assert catch_up["ids"] == tokens[5:]
+    assert catch_up["extra"][C.EAGLE_TAPS][:, 0].tolist() == list(range(4, len(tokens) - 1))
+
+
+def test_taps_not_made_by_the_last_target_pass_are_an_error_not_garbage():
+    target, head, drafter = _pair()
+    target.feed([5, 6], SamplingConfig(), last=1)
+    with pytest.raises(RuntimeError, match="taps of positions"):
+        drafter.propose([5, 6, 7, 8], 2, SamplingConfig(), np.random.default_rng(0))  # position 2 never ran
+
+
+def test_q_over_draft_ids_becomes_q_over_target_ids():
+    full = Dist(None, np.array([1.0, 2.0, 3.0, 4.0, 0.0]), DRAFT_VOCAB)
+    mapped = to_target(full, VOCAB_MAP, VOCAB)
+    assert mapped.vocab == VOCAB and np.allclose(mapped.dense()[VOCAB_MAP], full.dense())
+    assert mapped.dense()[[1, 4, 5, 6, 8, 9, 10]].sum() == 0
+    sparse = Dist(np.array([1, 3]), np.array([0.25, 0.75]), DRAFT_VOCAB)
+    assert to_target(sparse, VOCAB_MAP, VOCAB).prob(7) == 0.75
+    assert to_target(Dist.point(4, DRAFT_VOCAB), VOCAB_MAP, VOCAB).ids.tolist() == [11]
+    # The same uniform draws the same token through the map (inverse CDF over ascending ids)
+    for seed in range(20):
+        a = VOCAB_MAP[full.sample(np.random.default_rng(seed))]
+        assert a == mapped.sample(np.random.default_rng(seed))
