@@ -155,13 +155,17 @@ def main() -> None:
               help="Precision of the Medusa heads [default: --dtype]; fp16 heads halve their bytes on an fp32 target.")
 @click.option("--medusa-nodes", type=int, default=24, show_default=True,
               help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
+@click.option("--eagle", metavar="HEAD", type=click.Path(file_okay=False),
+              help="EAGLE-3 head for MODEL (a folder in the published layout: config.json + model.safetensors with "
+                   "fc, midlayer.*, lm_head, d2t, t2d): adds eagle.onnx and its vocabulary map, and the target graph "
+                   "outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
 @click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=_bits,
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits.")
 @quantize_layout_options(" (with --quantize)")
 @force_option
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
-           quantize: int | None, block_size: int, draft_quantize: int | str | None, force: bool) -> None:
+           eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures: llama, mistral, qwen2,
@@ -185,7 +189,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     dtypes = {"fp32": "float32", "fp16": "float16"}
     options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
-                            medusa=medusa, medusa_nodes=medusa_nodes, graph=graph,
+                            medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     qopts = QuantizeOptions(quantize, block_size, draft_quantize, force=force) if quantize else None
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)

@@ -431,13 +431,23 @@ class GPT2Adapter(DecoderAdapter):
 
 
 class DecoderWrapper(nn.Module):
-    """The exported graph: explicit ids/positions/mask/past in, logits/hidden/new K,V out (see contract)."""
+    """The exported graph: explicit ids/positions/mask/past in, logits/hidden/new K,V out (see contract).
 
-    def __init__(self, adapter: DecoderAdapter) -> None:
+    ``taps`` (an EAGLE-3 head's target layers): the graph also outputs ``eagle_taps``, the hidden states
+    ENTERING those layers (index i = Hugging Face's ``output_hidden_states[i]``) concatenated in that
+    order, in the graph's dtype, between ``hidden`` and the new K/V.
+    """
+
+    def __init__(self, adapter: DecoderAdapter, taps: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.adapter = adapter
         self.model = adapter.model  # registers the parameters with this module
         self.num_layers = adapter.dims().num_layers
+        self.taps = tuple(taps)
+        if len(set(self.taps)) != len(self.taps) or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.num_layers for t in self.taps):
+            raise ValueError(f"tap layers must be distinct layer indices in [0, {self.num_layers}), got "
+                             f"{list(self.taps)}")
         self.eval()  # nn.Module starts in training mode; exporters restore it recursively afterwards
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -448,9 +458,14 @@ class DecoderWrapper(nn.Module):
         h = a.embed(input_ids, position_ids)
         pos = a.position_context(h, position_ids)
         new: list[torch.Tensor] = []
+        entering: dict[int, torch.Tensor] = {}
         for i in range(self.num_layers):
+            if i in self.taps:
+                entering[i] = h
             h, k, v = a.layer(i, h, pos, past[2 * i], past[2 * i + 1], masks[a.window(i)])
             new += [k, v]
         hidden = a.final_norm(h)
         logits = a.lm_head(hidden).float()
+        if self.taps:
+            return (logits, hidden, torch.cat([entering[t] for t in self.taps], dim=-1), *new)
         return (logits, hidden, *new)

@@ -6,8 +6,9 @@ import ctypes
 import gc
 import platform
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..bundle.contract import DTYPES
@@ -25,7 +26,7 @@ from .loading import (
     resolve_source,
 )
 from .onnx_export import EXPORTERS, export_decoder
-from .parity import ParityCases, check_parity, golden_logits, reference_logits
+from .parity import ParityCases, check_parity, golden_logits, reference_outputs
 from .progress import Reporter, SilentReporter
 from .staging import check_output as _check_output
 from .staging import publish, staging_folder
@@ -55,6 +56,9 @@ class ExportOptions:
     # back to the OS before ONNX Runtime checks the graph. None: only for checkpoints of ISOLATE_BYTES or
     # more (the child's start, ~3 s of imports, is not worth it for small models).
     isolate: bool | None = None
+    # An EAGLE-3 head folder for the target (specrt's or a published one): adds eagle.onnx, its vocabulary
+    # map, and the eagle_taps output of the target graph at the head's tap layers.
+    eagle: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -174,28 +178,50 @@ class RoleJob:
     cases: ParityCases
     token_limit: int
     path: Path
+    eagle: Any = None  # the target's EAGLE-3 head (eagle_export.HeadInfo), None: no head, no taps
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return self.eagle.taps if self.eagle is not None else ()
 
 
 def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
     """Load one model, compute its fp32 reference and golden logits, write its graph to ``job.path``;
-    returns (dims, reference, golden). Everything PyTorch holds is garbage once this returns."""
+    returns (dims, reference, golden, taps reference, head). With an EAGLE-3 head (``job.eagle``) the
+    graph outputs the head's taps, checked against Hugging Face's hidden states, and the head's graph is
+    written beside it (``head``: eagle_export.HeadExport, else None; the taps reference None without a
+    head). Everything PyTorch holds is garbage once this returns."""
     with reporter.step(f"Loading {job.role} {job.source}"):
         model = load_causal_lm(job.source, job.options.dtype)
         adapter = adapter_for(model.config.model_type)(model, fused=job.fused, positions=job.max_context)
         dims = adapter.dims()
     with reporter.step(f"Reference logits of {job.role} (PyTorch, fp32)"):
-        reference = reference_logits(model, job.cases)
+        reference, taps_reference = reference_outputs(model, job.cases, job.taps)
         golden = golden_logits(model, job.token_limit)
         release_memory()  # the fp32 upcasts' freed blocks, before the exporter's own peak
     graph = "fused" if job.fused else "portable"
     with reporter.step(f"Exporting {job.role} to ONNX ({job.options.exporter}, {graph} graph)"):
-        export_decoder(adapter, job.path, job.options.dtype, job.options.opset, job.options.exporter)
-    return dims, reference, golden
+        export_decoder(adapter, job.path, job.options.dtype, job.options.opset, job.options.exporter, job.taps)
+    head = None
+    if job.eagle is not None:
+        from .eagle_export import GRAPH_FILE, head_torch_side
+
+        with reporter.step(f"Exporting the EAGLE-3 head {job.eagle.source} ({graph} graph, reference in fp32)"):
+            head = head_torch_side(job.eagle, model, model.config, job.cases, taps_reference,
+                                   job.path.with_name(GRAPH_FILE), job.options.dtype, fused=job.fused,
+                                   positions=job.max_context, opset=job.options.opset,
+                                   exporter=job.options.exporter)
+    return dims, reference, golden, taps_reference, head
 
 
 def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
-                  reporter: Reporter = SilentReporter()) -> Manifest:
-    """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed."""
+                  reporter: Reporter = SilentReporter(), eagle: str | None = None) -> Manifest:
+    """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed.
+
+    ``eagle`` (or ``options.eagle``): an EAGLE-3 head folder for the target, checked against it before
+    anything is written."""
+    if eagle is not None:
+        options = replace(options, eagle=str(eagle))
     out = Path(out)
     _check_output(out, options.force)
     sources = {"target": resolve_source(target)}
@@ -216,6 +242,13 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                         configs["target"].vocab_size, configs["draft"].vocab_size)
         max_context = _max_context(options.max_context, min(
             adapter_for(c.model_type).max_positions(c) for c in configs.values()))
+    head_info = None
+    if options.eagle is not None:
+        from .eagle_export import read_head
+
+        with reporter.step(f"Reading the EAGLE-3 head {options.eagle}"):
+            head_info = read_head(options.eagle, configs["target"])
+            release_memory()  # its weights are read again where the head is exported
 
     tmp = staging_folder(out)
     try:
@@ -225,23 +258,28 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         for role, src in sources.items():
             job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(configs[role].model_type), configs[role]),
                           max_context=max_context, cases=cases, token_limit=len(tokenizers["target"]),
-                          path=tmp / f"{role}.onnx")
+                          path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None)
             if options.isolate_for(src):
-                dims, reference, golden = run_isolated(torch_side, (job,), reporter)
+                dims, reference, golden, taps_reference, head = run_isolated(torch_side, (job,), reporter)
             else:
-                dims, reference, golden = torch_side(job, reporter=reporter)
+                dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
                 release_memory()
             graph = "fused" if job.fused else "portable"
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
-                parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype)
+                parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
+                                      taps_reference=taps_reference)
             if role == "target" and options.medusa:
                 with reporter.step(f"Exporting Medusa heads {options.medusa}"):
                     medusa = _export_medusa(Path(options.medusa), tmp, dims, options)
             entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
                                        dtype=options.dtype, dims=dims, parity=parity,
                                        parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
-                                       golden=golden, graph=graph,
+                                       golden=golden, graph=graph, eagle_taps=job.taps,
+                                       tap_width=len(job.taps) * dims.hidden_size,
                                        **graph_cost(tmp / f"{role}.onnx").manifest_fields())
+            if head is not None:
+                with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
+                    entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype)
 
         with reporter.step(f"Writing bundle {out}"):
             tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
@@ -255,6 +293,22 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _head_entry(info, head, tmp: Path, dtype: str) -> ModelEntry:
+    """Check the head's graph against its PyTorch reference, write its vocabulary map; its manifest entry."""
+    import numpy as np
+
+    from .eagle_export import ARCHITECTURE, GRAPH_FILE, VOCAB_FILE, check_head_parity
+
+    parity = check_head_parity(head.reference, head.cases, tmp / GRAPH_FILE, head.dims, dtype, info.tap_width,
+                               head.order)
+    np.save(tmp / VOCAB_FILE, head.vocab_map.astype(np.int64))
+    return ModelEntry(file=GRAPH_FILE, source=info.source, architecture=ARCHITECTURE, dtype=dtype, dims=head.dims,
+                      parity=parity, parity_tolerance=PARITY_TOLERANCE[dtype].to_json(),
+                      graph="fused" if head.fused else "portable", kind="eagle3", eagle_taps=info.taps,
+                      tap_width=info.tap_width, vocab_map=VOCAB_FILE,
+                      **graph_cost(tmp / GRAPH_FILE).manifest_fields())
 
 
 def _max_context(requested: int | None, model_limit: int) -> int:

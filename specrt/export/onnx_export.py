@@ -46,7 +46,8 @@ def quiet_tracer() -> Iterator[None]:
 
 
 def _rename_dynamic_axes(path: Path, specs: list[C.TensorSpec]) -> None:
-    """Give every graph input/output the contract's axis names (dynamo invents names like ``s54``)."""
+    """Give every graph input/output the contract's axis names (dynamo invents names like ``s54``), and its
+    fixed sizes where the tracer left a symbol (torchscript names a rotated key's head axis ``Add...``)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -57,42 +58,62 @@ def _rename_dynamic_axes(path: Path, specs: list[C.TensorSpec]) -> None:
             if isinstance(want, str):
                 dim.ClearField("dim_value")
                 dim.dim_param = want
+            elif dim.HasField("dim_param"):
+                dim.ClearField("dim_param")
+                dim.dim_value = want
     onnx.save(model, str(path))
 
 
 def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int = 18,
-                   exporter: str = "dynamo") -> None:
+                   exporter: str = "dynamo", taps: tuple[int, ...] = ()) -> None:
     """Write ``path`` (plus an external-data file for models over 2 GB) for one decoder.
 
     A fused adapter (``adapter.fused``) is exported with the dynamo exporter at opset 23 whatever
-    ``opset`` says: its single-node ops exist only there.
+    ``opset`` says: its single-node ops exist only there. ``taps``: the target layers whose entering
+    hidden states the graph outputs as ``eagle_taps`` (an EAGLE-3 head's; empty: no such output).
+    """
+    dims = adapter.dims()
+    ins, outs = C.decoder_io(dims, dtype, "decoder", len(taps) * dims.hidden_size)
+    wrapper = DecoderWrapper(adapter, taps)
+    trace_module(wrapper, _trace_inputs(dims, getattr(torch, dtype)), ins, outs, path, opset, exporter,
+                 adapter.fused)
+
+
+def trace_module(wrapper: torch.nn.Module, args: tuple, ins: list[C.TensorSpec], outs: list[C.TensorSpec],
+                 path: Path, opset: int, exporter: str, fused: bool) -> None:
+    """Export ``wrapper(*args)`` (its last argument the tuple of past K/V) with the contract's names and axes.
+
+    Every other argument's axes come from its spec: ``batch``/``query`` axes are dynamic, the mask's last
+    axis (P + Q) is left to the exporter to relate and is renamed afterwards, like every dynamo name.
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
-    if adapter.fused:
+    if fused:
         from .fused_ops import FUSED_OPSET, translation_table
 
         if exporter != "dynamo":
             raise ValueError("a fused graph needs the dynamo exporter")
         opset = FUSED_OPSET
-    dims = adapter.dims()
-    ins, outs = C.decoder_io(dims, dtype)
-    wrapper = DecoderWrapper(adapter)
-    args = _trace_inputs(dims, getattr(torch, dtype))
     kwargs = dict(input_names=[s.name for s in ins], output_names=[s.name for s in outs], opset_version=opset)
     large = sum(p.numel() * p.element_size() for p in wrapper.parameters()) > EXTERNAL_DATA_BYTES
     with quiet_tracer(), torch.no_grad():
         if exporter == "dynamo":
+            import inspect
+
             from torch.export import Dim
 
-            batch, query, past = Dim("batch"), Dim("query"), Dim("past")
-            kwargs["dynamic_shapes"] = {
-                "input_ids": {0: batch, 1: query}, "position_ids": {0: batch, 1: query},
-                # P + Q cannot be a derived Dim here; AUTO lets the exporter relate it, renamed below.
-                "attention_mask": {0: batch, 2: query, 3: Dim.AUTO},
-                "past": tuple({0: batch, 1: past} for _ in args[3]),
-            }
-            if adapter.fused:
+            dims = {"batch": Dim("batch"), "query": Dim("query"), "past": Dim("past")}
+            names = list(inspect.signature(wrapper.forward).parameters)
+            shapes: dict[str, object] = {}
+            for name, spec in zip(names[:-1], ins):
+                if spec.name == C.ATTENTION_MASK:
+                    # P + Q cannot be a derived Dim here; AUTO lets the exporter relate it, renamed below.
+                    shapes[name] = {0: dims["batch"], 2: dims["query"], 3: Dim.AUTO}
+                else:
+                    shapes[name] = {i: dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
+            shapes[names[-1]] = tuple({0: dims["batch"], 1: dims["past"]} for _ in args[-1])
+            kwargs["dynamic_shapes"] = shapes
+            if fused:
                 kwargs["custom_translation_table"] = translation_table()
             program = torch.onnx.export(wrapper, args, dynamo=True, verbose=False, **kwargs)
             program.save(str(path), external_data=large)

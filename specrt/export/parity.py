@@ -93,25 +93,44 @@ class ParityCases:
 
 
 @torch.no_grad()
-def reference_logits(model: torch.nn.Module, cases: ParityCases) -> dict[str, np.ndarray]:
-    """Hugging Face's own fp32 logits for every case (rows in the order the graph produces them)."""
+def reference_outputs(model: torch.nn.Module, cases: ParityCases, taps: tuple[int, ...] = ()
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """Hugging Face's own fp32 logits for every case (rows in the order the graph produces them) and, with
+    ``taps``, its ``output_hidden_states[i]`` for each tap layer i, concatenated in ``taps`` order (what a
+    target exported for an EAGLE-3 head outputs as ``eagle_taps``); None without taps."""
 
-    def hf(tokens: np.ndarray, start: int = 0) -> np.ndarray:
+    def hf(tokens: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
         ids = torch.as_tensor(tokens, dtype=torch.long)[None]
         pos = torch.arange(start, start + len(tokens))[None]
-        return model(ids, position_ids=pos).logits[0].float().numpy()
+        out = model(ids, position_ids=pos, output_hidden_states=bool(taps))
+        states = (torch.cat([out.hidden_states[t][0] for t in taps], dim=-1).float().numpy() if taps else None)
+        return out.logits[0].float().numpy(), states
 
     p, prompt = len(cases.prompt), cases.prompt
     with float32_compute(model):
-        chain_ref = hf(np.concatenate([prompt, cases.chain]))
-        return {
-            "prefill": chain_ref[:p],
-            "decode": chain_ref[p:p + 1],
-            "chain": chain_ref[p:],
-            "tree": np.stack([hf(np.concatenate([prompt, cases.tree[_path(TREE_PARENTS, n)]]))[-1]
-                              for n in range(len(TREE_PARENTS))]),
-            "far": hf(cases.far, cases.far_start),
-        }
+        chain, chain_taps = hf(np.concatenate([prompt, cases.chain]))
+        tree = [hf(np.concatenate([prompt, cases.tree[_path(TREE_PARENTS, n)]])) for n in range(len(TREE_PARENTS))]
+        far, far_taps = hf(cases.far, cases.far_start)
+    logits = {"prefill": chain[:p], "decode": chain[p:p + 1], "chain": chain[p:],
+              "tree": np.stack([t[0][-1] for t in tree]), "far": far}
+    if not taps:
+        return logits, None
+    return logits, {"prefill": chain_taps[:p], "decode": chain_taps[p:p + 1], "chain": chain_taps[p:],
+                    "tree": np.stack([t[1][-1] for t in tree]), "far": far_taps}
+
+
+def reference_logits(model: torch.nn.Module, cases: ParityCases) -> dict[str, np.ndarray]:
+    """Hugging Face's own fp32 logits for every case (rows in the order the graph produces them)."""
+    return reference_outputs(model, cases)[0]
+
+
+def compare_states(ref: np.ndarray, got: np.ndarray, width: int) -> dict[str, float]:
+    """``abs`` and ``rel`` of hidden states [..., k * width] against ``ref``, the relative error of each
+    ``width``-wide slice of a row measured against that slice's own scale (bundle.parity.row_scale): tap
+    layers deeper in a model run at larger magnitudes, and each is held to its own."""
+    ref = ref.reshape(-1, ref.shape[-1] // width, width)
+    diff = np.abs(got.reshape(ref.shape).astype(np.float64) - ref)
+    return {"abs": float(diff.max()), "rel": float((diff.max(axis=-1) / row_scale(ref)).max())}
 
 
 class _OrtDecoder:
@@ -126,52 +145,80 @@ class _OrtDecoder:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
                                             disabled_optimizers=disabled)
         self.dims, self.np_dtype = dims, np.dtype(dtype)
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
+        """(logits [Q, V], new K/V, eagle_taps [Q, width] or None when the graph has no taps)."""
         feed = {C.INPUT_IDS: ids[None].astype(np.int64), C.POSITION_IDS: pos[None].astype(np.int64),
                 C.ATTENTION_MASK: mask}
         for i in range(self.dims.num_layers):
             feed[C.past_key(i)], feed[C.past_value(i)] = past[2 * i], past[2 * i + 1]
-        logits, _hidden, *new = self.session.run(None, feed)
-        return logits[0], new
+        out = dict(zip(self.outputs, self.session.run(None, feed)))
+        taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
+        return out[C.LOGITS][0], [out[n] for n in self.new_names], taps
 
     def empty_past(self) -> list[np.ndarray]:
         shape = (1, 0, self.dims.num_kv_heads, self.dims.head_dim)
         return [np.zeros(shape, self.np_dtype) for _ in range(2 * self.dims.num_layers)]
 
 
-def onnx_logits(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases) -> dict[str, np.ndarray]:
-    """The exported graph's logits for every case, each called the way the runtime calls it."""
+def onnx_outputs(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """The exported graph's logits for every case, each called the way the runtime calls it, and its
+    ``eagle_taps`` where it has that output (else None)."""
     ort_model = _OrtDecoder(onnx_path, dims, dtype)
     p = len(cases.prompt)
-    pre, pre_kv = ort_model(cases.prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
+    pre, pre_kv, pre_taps = ort_model(cases.prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
     n = len(cases.chain)
     mask, depth = tree_mask(TREE_PARENTS, p)
     far = len(cases.far)
-    return {
-        "prefill": pre,
-        "decode": ort_model(cases.chain[:1], np.array([p]), causal_mask(1, p), pre_kv)[0],
-        "chain": ort_model(cases.chain, np.arange(p, p + n), causal_mask(n, p), pre_kv)[0],
-        "tree": ort_model(cases.tree, p + depth, mask, pre_kv)[0],
+    runs = {
+        "prefill": (pre, pre_kv, pre_taps),
+        "decode": ort_model(cases.chain[:1], np.array([p]), causal_mask(1, p), pre_kv),
+        "chain": ort_model(cases.chain, np.arange(p, p + n), causal_mask(n, p), pre_kv),
+        "tree": ort_model(cases.tree, p + depth, mask, pre_kv),
         "far": ort_model(cases.far, np.arange(cases.far_start, cases.far_start + far), causal_mask(far, 0),
-                         ort_model.empty_past())[0],
+                         ort_model.empty_past()),
     }
+    logits = {case: r[0] for case, r in runs.items()}
+    return logits, (None if pre_taps is None else {case: r[2] for case, r in runs.items()})
+
+
+def onnx_logits(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases) -> dict[str, np.ndarray]:
+    """The exported graph's logits for every case, each called the way the runtime calls it."""
+    return onnx_outputs(onnx_path, dims, dtype, cases)[0]
 
 
 def check_parity(reference: dict[str, np.ndarray], cases: ParityCases, onnx_path: Path, dims: C.ModelDims,
-                 dtype: str, tolerance: ParityTolerance | None = None) -> dict[str, dict[str, float]]:
+                 dtype: str, tolerance: ParityTolerance | None = None,
+                 taps_reference: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
     """Compare the graph with :func:`reference_logits`: per case ``abs``, ``rel``, ``kl``, ``top1``.
 
-    Raises :class:`ParityError` if any case is beyond ``tolerance`` (default: the one for ``dtype``).
+    With ``taps_reference`` (:func:`reference_outputs`' hidden states), the graph's ``eagle_taps`` are
+    compared too, each tap against its own scale, and held to the same relative tolerance: per case
+    ``taps_abs`` and ``taps_rel``. Raises :class:`ParityError` if any case is beyond ``tolerance``
+    (default: the one for ``dtype``).
     """
     tol = PARITY_TOLERANCE[dtype] if tolerance is None else tolerance
-    got = onnx_logits(onnx_path, dims, dtype, cases)
+    got, got_taps = onnx_outputs(onnx_path, dims, dtype, cases)
     figures = {case: compare_logits(reference[case], got[case]) for case in reference}
     bad = {k: f for k, f in figures.items() if not within(f, tol)}
     if bad:
         detail = ", ".join(f"{k} rel {f['rel']:.3g} kl {f['kl']:.3g}" for k, f in bad.items())
         raise ParityError(f"{onnx_path.name}: ONNX Runtime differs from PyTorch (fp32) beyond rel {tol.rel:g} / "
                           f"KL {tol.kl:g} ({detail})")
+    if taps_reference is not None:
+        if got_taps is None:
+            raise ParityError(f"{onnx_path.name} has no {C.EAGLE_TAPS} output")
+        for case, ref in taps_reference.items():
+            f = compare_states(ref, got_taps[case], dims.hidden_size)
+            figures[case].update(taps_abs=f["abs"], taps_rel=f["rel"])
+        bad_taps = {k: f["taps_rel"] for k, f in figures.items() if "taps_rel" in f and not f["taps_rel"] <= tol.rel}
+        if bad_taps:
+            detail = ", ".join(f"{k} rel {r:.3g}" for k, r in bad_taps.items())
+            raise ParityError(f"{onnx_path.name}: {C.EAGLE_TAPS} differ from Hugging Face's hidden states (fp32) "
+                              f"beyond rel {tol.rel:g} ({detail})")
     return figures
 
 

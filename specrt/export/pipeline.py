@@ -63,8 +63,16 @@ def describe(manifest: Manifest) -> str:
         return describe_quantized(manifest)
     from ..bundle.parity import describe as describe_parity
 
-    lines = [f"{role}: {e.architecture} ({e.graph} graph), {e.dims.num_layers} layers, "
-             f"{describe_parity(e.parity, e.parity_tolerance)}" for role, e in manifest.models.items()]
+    lines = []
+    for role, e in manifest.models.items():
+        if e.kind == "eagle3":
+            what = (f"EAGLE-3 head ({e.graph} graph) reading target layers {', '.join(map(str, e.eagle_taps))}, "
+                    f"{e.dims.vocab_size} draft ids")
+        else:
+            what = f"{e.architecture} ({e.graph} graph), {e.dims.num_layers} layers"
+            if e.eagle_taps:
+                what += f", eagle_taps from layers {', '.join(map(str, e.eagle_taps))}"
+        lines.append(f"{role}: {what}, {describe_parity(e.parity, e.parity_tolerance)}")
     if manifest.medusa:
         md = manifest.medusa
         lines.append(f"medusa: {md.num_heads} heads, tree of {len(md.tree)} nodes, expected "

@@ -4,7 +4,8 @@ distribution against the bundle they came from. Torch-free: it rewrites ONNX gra
 Every MatMul with a constant weight is quantized, the LM head included: with tied embeddings the head
 reads the embedding matrix through a Transpose, which the quantizer cannot see as a constant, so the
 head gets its own (transposed) copy first and the embedding lookup keeps the float matrix.
-Speculation over a quantized target is exact with respect to that quantized target.
+Speculation over a quantized target is exact with respect to that quantized target. An EAGLE-3 head
+is copied unchanged (float) with its vocabulary map, and said so in the target's record and the summary.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 MIN_TOP1 = {4: 0.85, 8: 0.95}
+# What quantize does with an EAGLE-3 head, in the manifest (the target's quantization record) and printed.
+EAGLE_KEPT = "EAGLE-3 head not quantized: copied unchanged (float) with its vocabulary map"
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         if entry.quantization:
             raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
                               "quantize the float bundle it came from")
+        if entry.kind == "eagle3":
+            continue  # kept float (see below): its width need not fit the blocks
         if entry.dims.hidden_size % options.block_size:
             raise ConfigError(f"block size {options.block_size} does not divide the {role}'s hidden size "
                               f"{entry.dims.hidden_size}")
@@ -166,7 +171,9 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         for role, entry in manifest.models.items():
             bits = options.bits_for(role)
-            if bits is None:
+            if bits is None or entry.kind == "eagle3":
+                # An EAGLE-3 head stays float, copied unchanged with its vocabulary map: it only proposes
+                # tokens the quantized target then verifies, so exactness does not depend on it.
                 continue
             if progress:
                 progress(f"{role}: int{bits}, blocks of {options.block_size}")
@@ -178,6 +185,8 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 progress(f"{role}: checking int{bits} against the float graph")
             parity = distribution_parity(src, tmp, manifest, role, prompts)
             record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
+            if role == "target" and manifest.eagle is not None:
+                record["eagle_head"] = EAGLE_KEPT
             if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
@@ -197,7 +206,7 @@ def describe(manifest: Manifest) -> str:
     for role, e in manifest.models.items():
         q = e.quantization
         if not q:
-            lines.append(f"{role}: {e.dtype} (not quantized)")
+            lines.append(f"{role}: {e.dtype} ({EAGLE_KEPT if e.kind == 'eagle3' else 'not quantized'})")
             continue
         p = q["parity"]
         lines.append(f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"

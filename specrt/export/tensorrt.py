@@ -213,12 +213,15 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
 
     from ..bundle.manifest import load_manifest
 
+    manifest = load_manifest(bundle)
+    if manifest.eagle is not None:
+        raise ConfigError(f"{bundle} has an EAGLE-3 head; `specrt build` does not build engines for it yet: "
+                          "export the bundle without --eagle for TensorRT")
     trt = require_tensorrt()
     from cuda.bindings import runtime as cudart
 
     _, props = cudart.cudaGetDeviceProperties(0)
     sm = f"{props.major}.{props.minor}"
-    manifest = load_manifest(bundle)
     if opts.max_context > manifest.max_context:
         raise ConfigError(f"--max-context {opts.max_context} exceeds the bundle's {manifest.max_context}")
     opts = replace(opts, precision=resolve_precision(list(manifest.models.values()), opts.precision))

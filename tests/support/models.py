@@ -159,3 +159,40 @@ def assert_loads_no_torch(bundle: Path, call: str) -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code, str(bundle)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def save_eagle_head(folder: Path, target: Path, *, seed: int = 0, draft_vocab: int = 96, hidden: int | None = None,
+                    heads: int = 4, kv_heads: int = 2, ascending: bool = True, embedding: bool = False,
+                    taps: tuple[int, int, int] | None = None, config_overrides: dict | None = None) -> Path:
+    """A tiny random EAGLE-3 head for the saved HF model ``target``, in the published layout (save_eagle3).
+
+    The draft vocabulary is ``draft_vocab`` random target ids; ``ascending=False`` lists them in a shuffled
+    order (d2t then gives non-ascending target ids, which the export must reorder). Norm weights are
+    non-trivial so a swapped norm shows. ``hidden``: the head's width [default: the target's; another width
+    needs ``embedding=True``, a head that ships its own embed_tokens]."""
+    from transformers import AutoConfig
+
+    from specrt.export.eagle import Eagle3Config, Eagle3Head, save_eagle3
+
+    t = AutoConfig.from_pretrained(target)  # GPT-2's n_embd reads as hidden_size too
+    width = hidden or t.hidden_size
+    d = {"hidden_size": width, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+         "intermediate_size": 2 * width, "vocab_size": t.vocab_size, "draft_vocab_size": draft_vocab,
+         "target_hidden_size": t.hidden_size, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
+         "rope_theta": 10000.0, "taps": taps, **(config_overrides or {})}
+    cfg = Eagle3Config(**d)
+    g = torch.Generator().manual_seed(seed)
+    used = torch.randperm(cfg.vocab_size, generator=g)[:cfg.draft_vocab_size].sort().values
+    if not ascending:
+        used = used[torch.randperm(len(used), generator=g)]
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg, with_embedding=embedding)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name == "fc.weight":  # three taps summed: keep the fused features near unit scale
+                p.mul_(0.5)
+    return save_eagle3(folder, cfg, head.eval(), used - torch.arange(cfg.draft_vocab_size), t2d)

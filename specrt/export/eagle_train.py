@@ -1,0 +1,777 @@
+"""Training an EAGLE-3 head (:mod:`specrt.export.eagle`) for a frozen target, on data the target makes itself.
+
+Pipeline (``train_eagle``): seed prompts → the target's own continuations (plus optional plain text) → one
+cache of the target's three tap states and its top-k log-probabilities over the draft vocabulary → AdamW on
+the head with training-time test (``ttt_steps`` unrolled steps, each feeding the head's own output back as
+features, under the attention pattern the runtime's chain uses) → held-out acceptance → the head in the
+published layout (``save_eagle3``) and ``training.json``. Design, sources and the memory figures are in
+docs/design/eagle3.md, section "Training".
+
+Alignment (as the runtime's, docs/design/eagle3.md): head row j pairs the target's taps at position j with
+the embedding of token j+1 and is trained towards the target's distribution at position j+1 (which predicts
+token j+2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError, ModelLoadError, OutputPathError
+from .eagle import Eagle3Config, Eagle3Head, draft_to_target_ids, save_eagle3, tap_layers
+
+FORMAT_VERSION = 1
+RECORD_NAME = "training.json"
+WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed when training ends
+CACHE_NAME = "cache.pt"
+CHECKPOINT_NAME = "checkpoint.pt"
+_SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_GEN_BATCH = 16  # continuations of one prompt sampled together (one KV cache, no padding)
+_MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
+# Fields that change neither the data nor the optimisation: a resumed run may set them differently.
+_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype")
+
+# progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
+# (steps; loss is the step's weighted TTT loss, None on the call that announces a resumed start) or
+# "evaluate" (held-out batches). Raising from it stops training; the last checkpoint stays resumable.
+Progress = Callable[[str, int, int, "float | None"], None]
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"eagle train: {name} must be an integer {bound}, got {value!r}")
+
+
+def _real(name: str, value: Any, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        span = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ConfigError(f"eagle train: {name} must be a number in {span}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    """Everything that determines a run; recorded verbatim in training.json."""
+
+    steps: int = 1000
+    lr: float = 5e-4  # peak AdamW learning rate (linear warm-up over 5% of the steps, then linear decay)
+    batch_size: int = 8  # sequences per step
+    seq_len: int = 256  # tokens per training sequence (prompt + continuation, or a text window)
+    draft_vocab: int | None = 16384  # at most this many target ids (the most frequent in the training data,
+    # end ids always in); None, or >= the target's vocabulary: the full vocabulary, no reduction
+    ttt_steps: int = 3  # training-time test depth: unrolled head steps per root, also the held-out chain depth
+    seed: int = 0
+    heldout_fraction: float = 0.1  # of the prompts / text documents, held out whole (no shared prefixes)
+    checkpoint_every: int = 100  # steps between resumable checkpoints
+    num_sequences: int = 1000  # continuations generated from the training prompts in all (one each if greedy)
+    temperature: float = 0.7  # of the training continuations; 0: greedy. Held-out ones are always greedy
+    topk: int = 64  # target log-probabilities kept per position (the rest of its mass is one bucket)
+    chat_template: bool = True  # wrap seed prompts in the tokenizer's chat template when it has one
+    data_format: str = "chunks"  # data files: "chunks" (each file one document) or "lines" (one per line)
+    loss_decay: float = 0.8  # unrolled step s weighs loss_decay**s (EAGLE-3, traineagle3/main.py:284)
+    grad_clip: float = 0.5  # global gradient-norm clip (EAGLE-3 ds_config.json "gradient_clipping")
+    init_from_target: bool = True  # lm_head rows and the final norm start as the target's own
+    dtype: str = "float16"  # the saved head's float weights; held-out acceptance is measured with them
+    keep_checkpoint: bool = False  # keep out_dir/.train (cache + checkpoint) after a finished run
+
+    def __post_init__(self) -> None:
+        _int("steps", self.steps, 1)
+        _real("lr", self.lr, 0.0, 1.0, low_open=True, high_open=True)
+        _int("batch_size", self.batch_size, 1)
+        _int("ttt_steps", self.ttt_steps, 1, 16)
+        _int("seq_len", self.seq_len, self.ttt_steps + 3)  # room for one full chain after a root
+        if self.draft_vocab is not None:
+            _int("draft_vocab", self.draft_vocab, 1)
+        _int("seed", self.seed, 0)
+        _real("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+        _int("checkpoint_every", self.checkpoint_every, 1)
+        _int("num_sequences", self.num_sequences, 1)
+        _real("temperature", self.temperature, 0.0, 100.0, low_open=False, high_open=False)
+        _int("topk", self.topk, 1)
+        _real("loss_decay", self.loss_decay, 0.0, 1.0, low_open=True, high_open=False)
+        _real("grad_clip", self.grad_clip, 0.0, math.inf, low_open=True, high_open=True)
+        for name in ("chat_template", "init_from_target", "keep_checkpoint"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"eagle train: {name} must be true or false, got {getattr(self, name)!r}")
+        if self.data_format not in ("chunks", "lines"):
+            raise ConfigError(f"eagle train: data_format must be 'chunks' or 'lines', got {self.data_format!r}")
+        if self.dtype not in _SAVE_DTYPES:
+            raise ConfigError(f"eagle train: dtype must be one of {', '.join(_SAVE_DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def warmup_steps(self) -> int:
+        return max(1, self.steps // 20)
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then linear decay towards 0 (EAGLE-3's WarmupDecayLR), for 0-based ``step``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        return self.lr * (self.steps - step) / max(1, self.steps - self.warmup_steps)
+
+
+# ----------------------------------------------------------------------------------------- the TTT mask
+
+
+def ttt_mask(seq_len: int, step: int) -> torch.Tensor:
+    """The bool attention mask (True = attend) of unrolled step ``step`` over the keys of steps 0..step.
+
+    Shape [T, (step+1)·T]: block s' (columns s'·T .. s'·T+T-1) holds the keys step s' computed for rows
+    0..T-1. Query row j at step s drafts depth s of the chain whose last target-verified row (root) is
+    r = j - s; at inference that row has the root's prefix 0..r in the head's cache plus the chain's deeper
+    rows r+1..j-1, and itself. So row j sees column c of block 0 iff c <= j - s, and of block s' >= 1 iff
+    c == j - s + s' (the chain's depth-s' row, itself when s' = s). Rows with j < s have no root; they
+    see only their own chain cells and are never scored.
+    """
+    j = torch.arange(seq_len)[:, None]
+    c = torch.arange(seq_len)[None, :]
+    return torch.cat([c <= j - step] + [c == j - step + s for s in range(1, step + 1)], dim=1)
+
+
+def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Draft logits [B, T, D] of each unrolled step 0..depth-1 over whole sequences.
+
+    taps [B, T, 3·H_t]: the target's at positions 0..T-1; embeds [B, T, H]: of tokens 1..T (row j reads
+    token j+1). Step s > 0 feeds row j the head's step-(s-1) output of row j-1 as features (the runtime's
+    deeper chain row), with every earlier step's keys and values as the past under :func:`ttt_mask`.
+    Gradients flow through the fed-back features and the earlier keys, as in EAGLE-3's training.
+    """
+    b, t = taps.shape[:2]
+    positions = torch.arange(t).expand(b, t)  # row j sits at position j at every step (the chain's position)
+    out = head(taps, embeds, positions, ttt_mask(t, 0).expand(b, 1, t, t))
+    logits, keys, values = [out.logits], [out.key], [out.value]
+    for s in range(1, depth):
+        features = F.pad(out.hidden[:, :-1], (0, 0, 1, 0))  # row j ← row j-1's previous-step output
+        mask = ttt_mask(t, s).expand(b, 1, t, (s + 1) * t)
+        out = head.step(features, embeds, positions, mask, torch.cat(keys, dim=1), torch.cat(values, dim=1))
+        logits.append(out.logits)
+        keys.append(out.key)
+        values.append(out.value)
+    return logits
+
+
+# -------------------------------------------------------------------------------------------- the cache
+
+
+@dataclass
+class SequenceCache:
+    """The target's view of N sequences, padded to T, computed once and reused every epoch.
+
+    tokens int32 [N, T]; length int32 [N] (real tokens); start int32 [N]: the first scored target
+    position (the prompt's last position for a continuation: its distribution predicts the first generated
+    token; 1 for a text window); stop int32 [N]: one past the last scored position (length, or length - 1
+    when the sequence ends with an end id); taps fp16 [N, T, 3·H_t]: output_hidden_states at the taps,
+    concatenated in tap order; logp fp16 [N, T, k] and ids int32 [N, T, k]: the target's top-k
+    log-probabilities over the draft vocabulary (log_softmax of its logits at the draft ids' target ids)
+    and their draft ids, descending; top1 int32 [N, T]: the target's argmax over the FULL vocabulary (a
+    target id: what greedy verification accepts).
+    """
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    start: torch.Tensor
+    stop: torch.Tensor
+    taps: torch.Tensor
+    logp: torch.Tensor
+    ids: torch.Tensor
+    top1: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def batch(self, index: Sequence[int]) -> SequenceCache:
+        """Rows ``index``, cut to their longest sequence."""
+        idx = torch.as_tensor(list(index), dtype=torch.long)
+        t = int(self.length[idx].max())
+        return SequenceCache(**{name: (v[idx, :t] if v.dim() > 1 else v[idx]) for name, v in vars(self).items()})
+
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in vars(self).values())
+
+
+def _end_ids(source: str, config: Any, tok: Any) -> list[int]:
+    from .loading import load_generation_config
+
+    ids: set[int] = set()
+    gen = load_generation_config(source)
+    for value in (getattr(gen, "eos_token_id", None), getattr(config, "eos_token_id", None), tok.eos_token_id):
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return sorted(ids)
+
+
+def _encode_prompt(tok: Any, prompt: str, chat: bool) -> list[int]:
+    """The prompt as the runtime encodes it: chat-templated text with its BOS rule, or plain encoding."""
+    if not (chat and getattr(tok, "chat_template", None)):
+        return tok(prompt).input_ids
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                   tokenize=False)
+    ids = tok(text, add_special_tokens=False).input_ids
+    bos = tok.bos_token_id
+    if bos is not None and tok("x").input_ids[:1] == [bos] and ids[:1] != [bos]:
+        ids = [bos] + ids
+    return ids
+
+
+def _forward_kwargs(model: Any, cache: Any) -> dict:
+    """transformers renamed past_key_values to cache (5.2x) and num_logits_to_keep to logits_to_keep."""
+    params = inspect.signature(model.forward).parameters
+    kwargs = {"cache" if "cache" in params else "past_key_values": cache, "use_cache": True}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
+
+
+@torch.no_grad()
+def _continue(model: Any, prompt: list[int], n: int, max_len: int, temperature: float, end_ids: list[int],
+              gen: torch.Generator) -> list[list[int]]:
+    """``n`` continuations of ``prompt`` up to ``max_len`` tokens in all, each cut after its first end id."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    kwargs = _forward_kwargs(model, cache)
+    seqs = torch.tensor([prompt] * n)
+    ends = torch.tensor(end_ids or [-1])
+    logits = model(input_ids=seqs, **kwargs).logits[:, -1]
+    done = torch.zeros(n, dtype=torch.bool)
+    while seqs.shape[1] < max_len and not bool(done.all()):
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=gen)[:, 0]
+        seqs = torch.cat([seqs, nxt[:, None]], dim=1)
+        done |= torch.isin(nxt, ends)
+        if seqs.shape[1] < max_len and not bool(done.all()):
+            logits = model(input_ids=nxt[:, None], **kwargs).logits[:, -1]
+    out = []
+    for row in seqs.tolist():
+        gen_part = row[len(prompt):]
+        cut = next((i + 1 for i, x in enumerate(gen_part) if x in end_ids), len(gen_part))
+        out.append(row[:len(prompt) + cut])
+    return out
+
+
+@dataclass
+class _Sequences:
+    """Token sequences before the target's forward pass."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+
+    def add(self, tokens: list[int], start: int) -> None:
+        self.tokens.append(tokens)
+        self.start.append(start)
+
+
+def _documents(data_files: Sequence[str | os.PathLike], data_format: str) -> list[str]:
+    from .medusa import read_texts
+
+    docs: list[str] = []
+    for path in data_files:
+        for text in read_texts(Path(path)):
+            docs.extend([line for line in text.splitlines() if line.strip()] if data_format == "lines" else [text])
+    return docs
+
+
+def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Group indices → (train, held out): at least one of each, about ``fraction`` held out."""
+    if n < 2:
+        raise ConfigError(f"eagle train needs at least two prompts or text documents (one is held out to measure "
+                          f"acceptance); got {n}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    held = min(n - 1, max(1, round(n * fraction)))
+    return sorted(order[held:]), sorted(order[:held])
+
+
+def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
+                     end_ids: list[int], progress: Progress) -> tuple[_Sequences, _Sequences, dict]:
+    groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs]
+    train_groups, held_groups = _split(len(groups), cfg.heldout_fraction, cfg.seed)
+    encoded: dict[int, list[int]] = {}
+    skipped = 0
+    for i in train_groups + held_groups:
+        if groups[i][0] == "prompt":
+            ids = _encode_prompt(tok, groups[i][1], cfg.chat_template)
+            if len(ids) + 1 >= cfg.seq_len:  # no room for a continuation
+                skipped += 1
+            else:
+                encoded[i] = ids
+    train_prompts = [i for i in train_groups if i in encoded]
+    held_prompts = [i for i in held_groups if i in encoded]
+    per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
+    jobs = [(i, min(_GEN_BATCH, per_prompt - k), cfg.temperature) for i in train_prompts
+            for k in range(0, per_prompt, _GEN_BATCH)] + [(i, 1, 0.0) for i in held_prompts]
+    total = sum(n for _, n, _ in jobs)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    train, held = _Sequences(), _Sequences()
+    done = 0
+    for i, n, temperature in jobs:
+        for seq in _continue(model, encoded[i], n, cfg.seq_len, temperature, end_ids, gen):
+            (held if i in held_groups else train).add(seq, len(encoded[i]) - 1)
+        done += n
+        progress("generate", done, total, None)
+    windows = 0
+    for i in train_groups + held_groups:
+        if groups[i][0] == "doc":
+            ids = tok(groups[i][1]).input_ids
+            for k in range(0, len(ids), cfg.seq_len):
+                if len(ids) - k >= _MIN_WINDOW:
+                    (held if i in held_groups else train).add(ids[k:k + cfg.seq_len], 1)
+                    windows += 1
+    if not train.tokens or not held.tokens:
+        raise ConfigError("eagle train: no training or no held-out sequences remain (prompts longer than "
+                          f"seq_len {cfg.seq_len} are skipped; {skipped} were)")
+    info = {"prompts": len(prompts), "documents": len(docs), "prompts_skipped": skipped,
+            "prompts_train": len(train_prompts), "prompts_heldout": len(held_prompts),
+            "documents_heldout": sum(1 for i in held_groups if groups[i][0] == "doc"),
+            "text_windows": windows, "continuations_per_prompt": per_prompt}
+    return train, held, info
+
+
+def choose_draft_vocab(train: _Sequences, vocab_size: int, n: int | None, end_ids: Sequence[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """EAGLE-3's draft vocabulary (traineagle3/cnets.py:664-676): the ``n`` most frequent tokens the training
+    sequences predict (ties to the lower id), plus the end ids, sorted ascending; d2t[i] = used[i] - i.
+    Returns (d2t int64 [D], t2d bool [V], the fraction of predicted tokens the vocabulary covers)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for tokens, start in zip(train.tokens, train.start):
+        counts += torch.bincount(torch.tensor(tokens[start + 1:], dtype=torch.long), minlength=vocab_size)
+    if n is None or n >= vocab_size:
+        used = torch.arange(vocab_size)
+    else:
+        order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first on ties
+        seen = order[counts[order] > 0]
+        ends = torch.tensor(sorted(set(end_ids)), dtype=torch.long)
+        rest = seen[~torch.isin(seen, ends)][:max(0, n - len(ends))]
+        used = torch.cat([ends, rest]).unique()  # sorted ascending
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    coverage = float(counts[used].sum()) / max(1, int(counts.sum()))
+    return used - torch.arange(len(used)), t2d, coverage
+
+
+@torch.no_grad()
+def _cache(model: Any, seqs: _Sequences, taps: Sequence[int], targets: torch.Tensor, cfg: EagleTrainConfig,
+           end_ids: list[int], progress: Progress, phase_done: int, phase_total: int) -> SequenceCache:
+    n, t = len(seqs.tokens), cfg.seq_len
+    width = 3 * model.config.hidden_size
+    k = min(cfg.topk, len(targets))
+    c = SequenceCache(tokens=torch.zeros(n, t, dtype=torch.int32), length=torch.zeros(n, dtype=torch.int32),
+                      start=torch.tensor(seqs.start, dtype=torch.int32), stop=torch.zeros(n, dtype=torch.int32),
+                      taps=torch.zeros(n, t, width, dtype=torch.float16),
+                      logp=torch.zeros(n, t, k, dtype=torch.float16),
+                      ids=torch.zeros(n, t, k, dtype=torch.int32), top1=torch.zeros(n, t, dtype=torch.int32))
+    for i, seq in enumerate(seqs.tokens):
+        c.tokens[i, :len(seq)] = torch.tensor(seq, dtype=torch.int32)
+        c.length[i] = len(seq)
+        c.stop[i] = len(seq) - 1 if seq[-1] in end_ids else len(seq)
+    for lo in range(0, n, cfg.batch_size):
+        hi = min(n, lo + cfg.batch_size)
+        m = int(c.length[lo:hi].max())
+        # right padding: a causal target's real positions never see it, and padded positions are not scored
+        out = model(input_ids=c.tokens[lo:hi, :m].long(), output_hidden_states=True, use_cache=False)
+        c.taps[lo:hi, :m] = torch.cat([out.hidden_states[i] for i in taps], dim=-1).half()
+        logits = out.logits.float()
+        c.top1[lo:hi, :m] = logits.argmax(-1).int()
+        top = torch.log_softmax(logits[..., targets], dim=-1).topk(k, dim=-1)
+        c.logp[lo:hi, :m], c.ids[lo:hi, :m] = top.values.half(), top.indices.int()
+        progress("cache", phase_done + hi, phase_total, None)
+    return c
+
+
+def _scored(c: SequenceCache) -> torch.Tensor:
+    """[N, T] bool: target position t is scored (start <= t < stop, t >= 1)."""
+    t = torch.arange(c.tokens.shape[1])[None]
+    return (t >= c.start[:, None].clamp_min(1)) & (t < c.stop[:, None])
+
+
+def _topk_mass(c: SequenceCache) -> float:
+    mass = c.logp.float().exp().sum(-1)
+    keep = _scored(c)
+    return float(mass[keep].mean()) if bool(keep.any()) else 1.0
+
+
+# ------------------------------------------------------------------------------------ loss and metrics
+
+
+def _kl(logits: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(sum over the ``keep`` rows, their count) of KL(p || q) over the draft vocabulary coarsened to p's stored
+    top-k ids plus one bucket for the rest (exact when k = D; never more than the full KL). logits [B, T, D]
+    (the head's), logp / ids [B, T, k] (the target's, row-aligned), keep [B, T] bool."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    logp = logp.float()
+    p = logp.exp()
+    kl = (p * (logp - logq.gather(-1, ids.long()))).sum(-1)
+    if ids.shape[-1] < logits.shape[-1]:
+        rest_p = (1 - p.sum(-1)).clamp_min(0)  # fp16 log-probs may sum a hair over 1
+        rest_logq = torch.logsumexp(logq.scatter(-1, ids.long(), float("-inf")), dim=-1)
+        kl = kl + rest_p * (torch.log(rest_p.clamp_min(1e-12)) - rest_logq)
+    return (kl * keep).sum(), int(keep.sum())
+
+
+def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: SequenceCache, depth: int
+              ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, int]]]:
+    """The unrolled logits, and per step s the (KL sum, rows) over rows j = r + s (root r = j - s >= 0) whose
+    target position j+1 is scored and whose target argmax has a draft id (EAGLE-3's position_mask)."""
+    embeds = embed[F.pad(b.tokens[:, 1:].long(), (0, 1))]  # row j reads token j+1 (the last row: padding)
+    logits = ttt_forward(head, b.taps.float(), embeds, depth)
+    target_ok = F.pad((_scored(b) & t2d[b.top1.long()])[:, 1:], (0, 1))  # row j: target position j+1
+    logp, ids = F.pad(b.logp[:, 1:], (0, 0, 0, 1)), F.pad(b.ids[:, 1:], (0, 0, 0, 1))
+    row = torch.arange(b.tokens.shape[1])[None]
+    return logits, [_kl(lg, logp, ids, target_ok & (row >= s)) for s, lg in enumerate(logits)]
+
+
+@torch.no_grad()
+def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, data: SequenceCache,
+             cfg: EagleTrainConfig, progress: Progress | None = None) -> dict:
+    """Greedy acceptance as the runtime's chain meets it, on cached (held-out) sequences.
+
+    A proposal starts at every root r whose next target position r+1 is scored: the head's step-0 draft of
+    row r is accepted iff it maps to the target's argmax at r+1 (``alpha1``). Deeper draft s (row r+s) is
+    accepted iff every earlier one was, it equals the target's argmax at r+s+1, and the cached sequence
+    really continues with the accepted draft (token r+s+1 == argmax at r+s), so the head read exactly what
+    the runtime would have fed it. Held-out continuations are greedy, where that always holds; on text
+    windows it truncates chains where the text leaves the target's greedy path (a lower bound there).
+    ``kl`` is the training loss (the decay-weighted per-step KL) on the same sequences.
+    """
+    head.eval()
+    depth = cfg.ttt_steps
+    roots = 0
+    alive_at = [0] * depth
+    kl_sum, kl_rows = [0.0] * depth, [0] * depth
+    batches = range(0, len(data), cfg.batch_size)
+    for n_done, lo in enumerate(batches, 1):
+        b = data.batch(range(lo, min(len(data), lo + cfg.batch_size)))
+        logits, kls = _step_kls(head, embed, t2d, b, depth)
+        for s, (total, rows) in enumerate(kls):
+            kl_sum[s] += float(total)
+            kl_rows[s] += rows
+        top1 = b.top1.long()
+        nxt = F.pad(top1[:, 1:], (0, 1), value=-1)  # row j's target: the argmax at position j+1
+        scored = F.pad(_scored(b)[:, 1:], (0, 1))  # row j: target position j+1 is scored
+        on_path = F.pad(b.tokens[:, 1:].long() == top1[:, :-1], (0, 1))  # token j+1 == the argmax at j
+        alive = scored.clone()  # indexed by root r
+        roots += int(alive.sum())
+        for s, lg in enumerate(logits):
+            ok = (draft_to_target_ids(lg.argmax(-1), d2t) == nxt) & scored & (on_path if s else scored)
+            alive = alive & F.pad(ok[:, s:], (0, s), value=False)  # root r's depth-s draft sits at row r + s
+            alive_at[s] += int(alive.sum())
+        if progress:
+            progress("evaluate", n_done, len(batches), None)
+    accepted = sum(alive_at)
+    alpha = [alive_at[0] / max(1, roots)] + [alive_at[s] / max(1, alive_at[s - 1]) for s in range(1, depth)]
+    kl_steps = [total / max(1, rows) for total, rows in zip(kl_sum, kl_rows)]
+    return {"roots": roots, "depth": depth, "alpha1": alpha[0], "alpha_by_depth": alpha,
+            "accepted_per_proposal": accepted / max(1, roots), "acceptance_rate": accepted / max(1, roots * depth),
+            "tokens_per_pass": 1 + accepted / max(1, roots), "kl_by_step": kl_steps,
+            "kl": sum(cfg.loss_decay ** s * v for s, v in enumerate(kl_steps))}
+
+
+# -------------------------------------------------------------------------------------- the head itself
+
+
+def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:
+    """A head as wide as the target (it reads the target's embedding table), with the target's attention
+    shape, MLP width, norm epsilon and rope base (default rope), and explicit taps for targets of < 7 layers."""
+    c = getattr(target_config, "text_config", None) or target_config
+    layers = c.num_hidden_layers
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = getattr(c, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    return Eagle3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                        intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                        draft_vocab_size=draft_vocab_size,
+                        num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
+                        max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048)),
+                        taps=None if layers >= 7 else tap_layers(layers))
+
+
+def _new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, train_cfg: EagleTrainConfig) -> Eagle3Head:
+    torch.manual_seed(train_cfg.seed)
+    head = Eagle3Head(cfg)
+    if train_cfg.init_from_target:
+        # the head's last step is the target's own: norm, then the target's output rows of the draft ids
+        with torch.no_grad():
+            head.lm_head.weight.copy_(model.get_output_embeddings().weight[targets].float())
+            norm = getattr(getattr(model, "model", None), "norm", None)
+            if norm is not None and getattr(norm, "weight", None) is not None:
+                head.norm.weight.copy_(norm.weight.float())
+    return head
+
+
+def _saved_copy(head: Eagle3Head, dtype: str) -> Eagle3Head:
+    """The head as ``save_eagle3`` will write it (weights rounded to ``dtype``), computing in fp32."""
+    copy = Eagle3Head(head.cfg)
+    copy.load_state_dict({k: v.to(_SAVE_DTYPES[dtype]).float() for k, v in head.state_dict().items()})
+    return copy.eval()
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _fingerprint(source: str, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str]) -> str:
+    """What the cache depends on: the target's config and weights' identity, the data and its settings."""
+    h = hashlib.sha256()
+    folder = Path(source)
+    h.update((folder / "config.json").read_bytes())
+    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        st = weights.stat()
+        h.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    data_fields = {k: v for k, v in asdict(cfg).items()
+                   if k in ("seq_len", "draft_vocab", "seed", "heldout_fraction", "num_sequences", "temperature",
+                            "topk", "chat_template", "data_format")}
+    h.update(json.dumps([data_fields, list(prompts), list(docs)]).encode())
+    return h.hexdigest()
+
+
+def _training_fields(cfg: EagleTrainConfig) -> dict:
+    return {k: v for k, v in asdict(cfg).items() if k not in _RESUME_FREE}
+
+
+def _versions() -> dict[str, str]:
+    import platform
+
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+# ------------------------------------------------------------------------------------------ entry point
+
+
+def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                config: EagleTrainConfig = EagleTrainConfig(), prompts: Sequence[str] | None = None,
+                data_files: Sequence[str | os.PathLike] = (), progress: Progress | None = None, *,
+                resume: bool = False) -> dict:
+    """Train an EAGLE-3 head for the frozen target in ``target_dir``; returns the training.json record.
+
+    ``target_dir``: a local Hugging Face model folder (nothing is downloaded). ``out_dir``: receives
+    ``config.json`` + ``model.safetensors`` (the published layout, ``save_eagle3``, float weights as
+    ``config.dtype``) and ``training.json`` (config, data sizes, timing, loss history, held-out acceptance
+    before and after training); while training it also holds ``.train/`` (the data cache and a checkpoint of
+    head, optimizer, step and RNG every ``config.checkpoint_every`` steps), removed at the end unless
+    ``config.keep_checkpoint``. ``prompts``: seed prompts the target continues (default
+    ``specrt.data.prompts("all")``). ``data_files``: plain-text files or folders (``medusa.read_texts``)
+    used as they are, per ``config.data_format``. ``progress(phase, done, total, loss)``: see ``Progress``.
+    ``resume``: continue from ``out_dir/.train`` when it holds a checkpoint of the same target, data and
+    config (``checkpoint_every``, ``keep_checkpoint`` and ``dtype`` may differ), else start afresh; a
+    resumed run ends with the same head as an uninterrupted one. A run that fails or is interrupted
+    never leaves a half-written head: the head's files land by rename, after training.
+
+    Example (what ``specrt eagle train MODEL -o HEAD --data notes.txt --steps 500 --draft-vocab 8192`` runs)::
+
+        record = train_eagle("./target", "./head", EagleTrainConfig(steps=500, draft_vocab=8192),
+                             data_files=["notes.txt"], progress=callback)
+        record["heldout"]["alpha1"], record["heldout"]["tokens_per_pass"]
+    """
+    from .eagle_export import check_eagle_target
+    from .loading import load_causal_lm, load_config, load_tokenizer
+
+    cfg = config
+    if not isinstance(cfg, EagleTrainConfig):
+        raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
+    source = Path(target_dir).expanduser()
+    if not (source / "config.json").is_file():
+        raise ModelLoadError(f"{source} is not a local Hugging Face model folder (no config.json); "
+                             "eagle train reads the target from disk and never downloads")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"{out} exists and is not a folder")
+    if prompts is None:
+        from ..data import prompts as shipped_prompts
+
+        prompts = shipped_prompts("all")
+    prompts = list(prompts)
+    if not all(isinstance(p, str) and p for p in prompts):
+        raise ConfigError("eagle train: prompts must be non-empty strings")
+    report: Progress = progress or (lambda phase, done, total, loss: None)
+
+    t_start = time.perf_counter()
+    target_config = load_config(str(source))
+    check_eagle_target(target_config.model_type)
+    tok = load_tokenizer(str(source))
+    docs = _documents(data_files, cfg.data_format)
+    fingerprint = _fingerprint(str(source), cfg, prompts, docs)
+    work = out / WORK_DIR
+    if not resume and work.exists():
+        shutil.rmtree(work)  # only specrt's own work folder: a fresh run starts from nothing
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(f"cannot write to {out}: {e}") from None
+
+    model = load_causal_lm(str(source), "float32")
+    model.requires_grad_(False)
+    end_ids = _end_ids(str(source), target_config, tok)
+    taps = tap_layers(target_config.num_hidden_layers)
+
+    with torch.random.fork_rng(devices=[]):
+        times: dict[str, float] = {}
+        cached = torch.load(work / CACHE_NAME, weights_only=True) if resume and (work / CACHE_NAME).is_file() else None
+        if cached is not None and cached["fingerprint"] != fingerprint:
+            raise ConfigError(f"{work} holds a cache of another target, data or data settings; train without "
+                              "resume to start over")
+        if cached is None:
+            t0 = time.perf_counter()
+            train_seqs, held_seqs, data_info = _build_sequences(model, tok, cfg, prompts, docs, end_ids, report)
+            times["generate"] = time.perf_counter() - t0
+            d2t, t2d, coverage = choose_draft_vocab(train_seqs, target_config.vocab_size, cfg.draft_vocab, end_ids)
+            targets = torch.arange(len(d2t)) + d2t
+            t0 = time.perf_counter()
+            total = len(train_seqs.tokens) + len(held_seqs.tokens)
+            train = _cache(model, train_seqs, taps, targets, cfg, end_ids, report, 0, total)
+            held = _cache(model, held_seqs, taps, targets, cfg, end_ids, report, len(train_seqs.tokens), total)
+            times["cache"] = time.perf_counter() - t0
+            data_info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
+            cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
+                      "info": data_info, "times": times}
+            _save_atomic(cached, work / CACHE_NAME)
+        d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
+        train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
+        targets = torch.arange(len(d2t)) + d2t
+
+        head_cfg = head_config(target_config, len(d2t))
+        head = _new_head(head_cfg, model, targets, cfg)
+        embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
+        del model
+        opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        state = _resume_state(work, fingerprint, cfg) if resume else None
+        if state is not None:
+            head.load_state_dict(state["head"])
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            start, history, train_s, heldout_init = state["step"], state["history"], state["train_s"], state["init"]
+        else:
+            t0 = time.perf_counter()
+            heldout_init = evaluate(head, embed, d2t, t2d, held, cfg)
+            times["evaluate_init"] = time.perf_counter() - t0
+            start, history, train_s = 0, [], 0.0
+        if start:
+            report("train", start, cfg.steps, None)
+
+        sampler = _Sampler(len(train), cfg.batch_size, cfg.seed)
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            head.train()
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr_at(step)
+            _, kls = _step_kls(head, embed, t2d, train.batch(sampler.batch(step)), cfg.ttt_steps)
+            losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
+            loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
+            if not torch.isfinite(loss):
+                raise ConfigError(f"eagle train diverged at step {step + 1} (loss {float(loss)}); lower lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+            opt.step()
+            train_s += time.perf_counter() - t0
+            history.append([float(v) for v in losses])
+            if (step + 1) % cfg.checkpoint_every == 0:
+                _save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
+                              "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
+                              "history": history, "train_s": train_s, "init": heldout_init},
+                             work / CHECKPOINT_NAME)
+            report("train", step + 1, cfg.steps, float(loss))
+
+        t0 = time.perf_counter()
+        saved = _saved_copy(head, cfg.dtype)
+        heldout = evaluate(saved, embed, d2t, t2d, held, cfg, report)
+        times["evaluate"] = time.perf_counter() - t0
+    times["train"] = train_s
+
+    weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]
+    record = {
+        "format": FORMAT_VERSION, "target": str(source), "architecture": target_config.model_type,
+        "config": asdict(cfg), "head": head_cfg.to_json(torch_dtype=cfg.dtype), "taps": list(taps),
+        "tap_convention": "entering layer i (output_hidden_states[i])", "end_ids": end_ids,
+        "draft_vocab_size": len(d2t),
+        "data": {**cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),
+                 "tokens_train": int(train.length.sum()), "tokens_heldout": int(held.length.sum()),
+                 "scored_train": int(_scored(train).sum()), "scored_heldout": int(_scored(held).sum()),
+                 "cache_bytes": train.nbytes() + held.nbytes()},
+        "loss": {"weights": weights, "first": sum(w * v for w, v in zip(weights, history[0])),
+                 "last": sum(w * v for w, v in zip(weights, history[-1])),
+                 "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
+        "heldout_init": heldout_init, "heldout": heldout,
+        "resumed_from": start or None,
+        "time_s": {**times, "total_this_run": time.perf_counter() - t_start},
+        "versions": _versions(),
+    }
+    save_eagle3(out, head_cfg, head, d2t, t2d, dtype=cfg.dtype)
+    tmp = out / (RECORD_NAME + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, out / RECORD_NAME)
+    if not cfg.keep_checkpoint:
+        shutil.rmtree(work)
+    return record
+
+
+def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict | None:
+    path = work / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=True)
+    if state["fingerprint"] != fingerprint or state["config"] != _training_fields(cfg):
+        raise ConfigError(f"{path} was written by a run with other data or settings; train without resume "
+                          "to start over")
+    return state
+
+
+class _Sampler:
+    """Batches as a pure function of the step: epoch e visits the training sequences in a permutation
+    seeded by (seed, e), so a resumed run draws exactly the batches the uninterrupted one would."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)
+            self._perms = {epoch: torch.randperm(self.n, generator=g).tolist()}  # one epoch kept at a time
+        return self._perms[epoch]
+
+    def batch(self, step: int) -> list[int]:
+        first = step * self.batch_size
+        return [self._perm(i // self.n)[i % self.n] for i in range(first, first + self.batch_size)]
+
+
+@contextlib.contextmanager
+def rich_progress() -> Iterator[Progress]:
+    """A ``progress`` callback drawing one rich bar per phase on stderr (for the CLI)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    with Bar(TextColumn("{task.description:9}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+             TimeRemainingColumn(), console=Console(stderr=True)) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int, loss: float | None) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total, loss="")
+            bar.update(tasks[phase], completed=done, total=total,
+                       **({"loss": f"loss {loss:.4f}"} if loss is not None else {}))
+
+        yield update
