@@ -58,7 +58,7 @@ def _gamma(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
 
 # --- options shared by several commands ------------------------------------------------------------------------
 
-METHODS = ("auto", "draft", "tree", "medusa", "ngram", "none")
+METHODS = ("auto", "eagle", "draft", "tree", "medusa", "ngram", "none")
 BITS = {"int4": 4, "int8": 8}
 
 
@@ -95,8 +95,8 @@ force_option = click.option("--force", is_flag=True, help="Replace a non-empty o
 def method_option(lead: str = "") -> Callable:
     return click.option(
         "--method", type=click.Choice(METHODS), default="auto", show_default=True,
-        help=lead + "auto: the best the bundle holds, draft when it has a draft model, else ngram; draft: a chain "
-                    "from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
+        help=lead + "auto: the best the bundle holds (eagle, else draft, else ngram); eagle: a chain from the "
+                    "bundle's EAGLE-3 head; draft: a chain from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
                     "medusa: the bundle's Medusa heads; ngram: prompt lookup, no model; none: plain decoding.")
 
 
