@@ -1,0 +1,201 @@
+"""Commands that make bundles (the torch side): export, quantize, build, medusa train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import main
+from .options import (
+    bundle_option,
+    force_option,
+    parse_bits,
+    quantize_layout_options,
+    torch_side,
+)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--draft", metavar="DRAFT", help="Draft model (folder or hub id) with the same tokenizer.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle folder to create.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Weight and KV-cache precision of the exported graphs.")
+@click.option("--opset", type=int, default=18, show_default=True,
+              help="ONNX opset of portable graphs (fused graphs are opset 23).")
+@click.option("--max-context", type=int,
+              help="Positions the runtime's KV cache holds [default: the models' limit, at most 4096].")
+@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True,
+              help="torch.onnx exporter: dynamo gives leaner graphs; torchscript traces faster.")
+@click.option("--graph", type=click.Choice(["auto", "fused", "portable"]), default="auto", show_default=True,
+              help="fused: rotary, attention, RMS norm and packed projections as single opset-23 nodes (a ~2.5x "
+                   "smaller graph, faster on ONNX Runtime); portable: plain ops, for TensorRT (`specrt build`). "
+                   "auto: fused where the architecture has it (llama, mistral, qwen2, qwen3, phi3, gemma2, "
+                   "gemma3_text: all but gpt2) with the dynamo exporter.")
+@click.option("--medusa", type=click.Path(file_okay=False),
+              help="Medusa heads for the target (from `specrt medusa train`): adds medusa.onnx and a static tree.")
+@click.option("--medusa-dtype", type=click.Choice(["fp32", "fp16"]),
+              help="Precision of the Medusa heads [default: --dtype]; fp16 heads halve their bytes on an fp32 target.")
+@click.option("--medusa-nodes", type=int, default=24, show_default=True,
+              help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
+@click.option("--eagle", metavar="HEAD", type=click.Path(file_okay=False),
+              help="EAGLE-3 head for MODEL (a folder in the published layout: config.json + model.safetensors with "
+                   "fc, midlayer.*, lm_head, d2t, t2d): adds eagle.onnx and its vocabulary map, and the target graph "
+                   "outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
+@click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=parse_bits,
+              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits.")
+@quantize_layout_options(" (with --quantize)")
+@force_option
+def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
+           exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
+           eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None, force: bool) -> None:
+    """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
+
+    MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures: llama, mistral, qwen2,
+    qwen3, gemma2, gemma3_text, phi3, gpt2. Every graph is checked against PyTorch computed in fp32 (prefill,
+    1-token decode, a 5-token chain, a tree and a prefill at the last position) before the bundle appears: logit
+    error relative to each row's spread, and KL; the figures go into specrt.json.
+
+    \b
+    Examples:
+      specrt export ./llama-1b --draft ./llama-68m -o bundle --dtype fp16
+      specrt export ./llama-1b --draft ./llama-68m -o bundle-int4 --quantize int4
+    """
+    with torch_side("export"):
+        from transformers.utils import logging as hf_logging
+
+        from ..export.bundle import ExportOptions
+    from ..export.pipeline import describe, export_pipeline
+    from ..export.progress import RichReporter
+    from ..export.quantize import QuantizeOptions
+
+    hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
+    dtypes = {"fp32": "float32", "fp16": "float16"}
+    options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
+                            medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
+                            medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
+    qopts = QuantizeOptions(quantize, block_size, draft_quantize, force=force) if quantize else None
+    manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
+    click.echo(describe(manifest))
+    click.echo(f"done: {output} (max context {manifest.max_context})")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Quantized bundle to create.")
+@click.option("--bits", type=click.Choice(["int4", "int8"]), default="int4", show_default=True, callback=parse_bits)
+@quantize_layout_options()
+@force_option
+def quantize(bundle: str, output: str, bits: int, block_size: int, draft_quantize: int | str | None,
+             force: bool) -> None:
+    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
+
+    Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
+    lookup). Each graph must stay close to the float one in distribution (mean KL and top-1 agreement on the shipped
+    prompts) before OUT appears. Speculation stays exact with respect to the quantized target.
+
+    \b
+    Example:
+      specrt quantize bundle -o bundle-int4 --bits int4 --block-size 32
+    """
+    from ..export.quantize import QuantizeOptions, describe, quantize_bundle
+
+    manifest = quantize_bundle(bundle, output, QuantizeOptions(bits, block_size, draft_quantize, force=force),
+                               progress=click.echo)
+    click.echo(describe(manifest))
+    click.echo(f"done: {output}")
+
+
+@main.group()
+def medusa() -> None:
+    """Medusa heads: extra next-next-token heads on the target, no draft model."""
+
+
+@medusa.command("train")
+@click.argument("model")
+@click.option("--data", required=True, type=click.Path(exists=True),
+              help="A text file, or a folder whose .py/.txt/.md files are read.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the heads.")
+@click.option("--heads", "num_heads", type=int, default=4, show_default=True)
+@click.option("--steps", type=int, default=300, show_default=True)
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--topk", type=int, default=10, show_default=True, help="Candidates per head measured and exported.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def medusa_train(model: str, data: str, output: str, num_heads: int, steps: int, seq_len: int, batch_size: int,
+                 lr: float, topk: int, seed: int) -> None:
+    """Train Medusa heads on a frozen MODEL by self-distillation (its own predictions are the targets).
+
+    Head k learns the target's distribution k+1 tokens past the next one; its top-k accuracy on held-out calibration
+    windows decides the static tree `specrt export --medusa` ships.
+
+    \b
+    Example:
+      specrt medusa train ./target --data ./corpus -o heads --heads 4 --steps 500
+      specrt export ./target --draft ./draft --medusa heads -o bundle
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with torch_side("medusa train"):
+        from ..export.medusa import MedusaTrainConfig, train_medusa
+    cfg = MedusaTrainConfig(num_heads=num_heads, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
+                            topk=topk, seed=seed)
+    with Progress(TextColumn("training heads"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn()) as bar:
+        task = bar.add_task("train", total=steps, loss=float("nan"))
+        record = train_medusa(model, Path(data), Path(output), cfg,
+                              on_step=lambda step, loss: bar.update(task, advance=1, loss=loss))
+    click.echo(f"calibration KL per head: {record['calibration_loss_init']:.3f} -> {record['calibration_loss']:.3f}")
+    for k, acc in enumerate(record["accuracies"]):
+        click.echo(f"head {k}: top-1 {acc[0]:.3f}, top-{topk} {sum(acc):.3f}")
+    click.echo(f"wrote {output}")
+
+
+@main.command()
+@bundle_option
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "fp8"]),
+              help="Must match the bundle's graphs, which set it (strongly typed engines) [default: the bundle's].")
+@click.option("--max-context", type=int, help="Longest context the engines serve [default: the bundle's].")
+@click.option("--max-prompt", type=int, default=1024, show_default=True,
+              help="Longest prompt (prefill profile).")
+@click.option("--max-verify", type=int, default=64, show_default=True,
+              help="Most tokens in one verify pass: gamma + 1, or the largest tree / Medusa tree.")
+@click.option("--max-batch", type=int, default=1, show_default=True)
+@click.option("--workspace", "workspace_mb", type=int, default=4096, show_default=True, help="MB.")
+@click.option("--jetson", is_flag=True, help="Jetson Orin/Thor defaults: workspace from free unified memory.")
+def build(bundle: str | None, precision: str | None, max_context: int | None, max_prompt: int, max_verify: int,
+          max_batch: int, workspace_mb: int, jetson: bool) -> None:
+    """Build TensorRT engines for the bundle's models (cached by ONNX hash, TensorRT version, GPU, precision and
+    profiles). Needs an NVIDIA GPU and TensorRT (`pip install 'specrt[trt]'`, or JetPack's TensorRT on Jetson).
+
+    Afterwards `specrt run --bundle DIR` uses the engines (backend auto, or --backend tensorrt), with the KV cache
+    on the GPU, verify passes replayed as CUDA graphs, and the Medusa heads on their own engine.
+
+    \b
+    Example:
+      specrt export ./target --draft ./draft --dtype fp16 -o bundle
+      specrt build --bundle bundle --max-context 4096 --max-verify 32
+    """
+    from rich.console import Console
+
+    from ..bundle.manifest import load_manifest
+    from ..demo import bundle_path
+    from ..export import tensorrt as trt
+
+    bundle_dir = Path(bundle) if bundle else bundle_path()
+    max_context = max_context or load_manifest(bundle_dir).max_context
+    opts = trt.BuildOptions(precision=precision, max_context=max_context, max_prompt=min(max_prompt, max_context),
+                            max_verify=max_verify, max_batch=max_batch, workspace_mb=workspace_mb)
+    trt.require_tensorrt()  # before any work: the one-line error names what to install
+    if jetson:
+        opts = trt.jetson_defaults(trt.free_memory_mb(), opts)
+    with Console(stderr=True).status("building TensorRT engines…") as status:
+        def progress(role: str, cached: bool) -> None:
+            doing = "reusing the cached engine" if cached else "building (minutes on large models)"
+            status.update(f"{role}: {doing}…")
+
+        engines = trt.build_bundle_engines(bundle_dir, opts, progress)
+    for role, e in engines.items():
+        click.echo(f"{role}: {e['file']} (TensorRT {e['tensorrt']}, sm {e['sm']}, {e['options']['precision']})")

@@ -1,0 +1,245 @@
+"""Commands that measure and check: bench, plan, verify, doctor."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import main
+from .options import (
+    backend_option,
+    bundle_option,
+    gamma_option,
+    low_memory_option,
+    sampling_options,
+    threads_option,
+    tree_option,
+)
+
+
+@main.command()
+@bundle_option
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help="JSON list or one-prompt-per-line file [default: the shipped code prompts].")
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="code", show_default=True,
+              help="Which shipped prompt set to use when --prompts is not given.")
+@click.option("--methods", default="none,draft,tree,ngram", show_default=True,
+              help="Comma-separated; must include none.")
+@tree_option
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
+@gamma_option
+@sampling_options
+@click.option("--greedy-baseline/--no-greedy-baseline", default=True, show_default=True,
+              help="With sampling: also run greedy plain decoding in every repeat, beside the sampled none run, "
+                   "and report each method's tokens/s over it (what sampling costs, measured in one run).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Also write the results here.")
+@threads_option
+@click.option("--compare", "compare", multiple=True, metavar="PEERS",
+              help="Also time peers on the same checkpoints, prompts and sampling settings, interleaved with "
+                   "specrt's methods: hf (Hugging Face generate and assisted generation; needs torch), ortgenai "
+                   "(ONNX Runtime GenAI plain decoding; needs the [peers] extra). Comma-separated or repeated.")
+@click.option("--hf-target", type=click.Path(file_okay=False),
+              help="HF checkpoint of the target for --compare [default: the manifest's source].")
+@click.option("--hf-draft", type=click.Path(file_okay=False),
+              help="HF checkpoint of the draft for --compare hf [default: the manifest's source].")
+@click.option("--peer-precision", type=click.Choice(["fp32", "int8", "int4"]),
+              help="Precision ONNX Runtime GenAI's builder makes [default: the bundle's; fp16 bundles get fp32, "
+                   "the builder has no fp16 for CPU].")
+@click.option("--peer-cache", type=click.Path(file_okay=False),
+              help="Where built ONNX Runtime GenAI models are kept [default: ~/.cache/specrt/peers].")
+@click.option("--roofline", is_flag=True,
+              help="Probe the memory bandwidth first (about a second: the GPU's with torch+CUDA for GPU backends, "
+                   "else host memory) and report per method the GB/s achieved, its share of that roofline, and "
+                   "the tokens/s the roofline allows.")
+@click.option("--bandwidth", "bandwidth_gbps", type=float, metavar="GBPS",
+              help="Use this bandwidth (GB/s) as the roofline instead of probing: a datasheet figure, or "
+                   "`specrt doctor --bandwidth`'s.")
+@click.option("--energy", is_flag=True,
+              help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
+                   "(whichever this machine reports; which are missing is said, not an error).")
+@low_memory_option
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
+          max_new_tokens: int, repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float,
+          greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
+          hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_cache: str | None,
+          roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None) -> None:
+    """Measure tokens/s per method in one run; speedups are ratios to --method none.
+
+    Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the time split (draft /
+    verify / prefill / host), the host work per generated token (everything outside the engines' forward calls) and,
+    for greedy runs, whether every method produced the same tokens as plain decoding; for sampled runs, every
+    method's tokens/s over greedy plain decoding's, run beside it in each repeat. Sampling settings apply to every
+    method alike, and to the peers of --compare, which decode from specrt's prompt ids; each method's tokens/s is
+    reported over each peer's. ONNX Runtime GenAI's model is built once per checkpoint, precision and version, then
+    cached.
+
+    Every method also gets its bytes read per generated token (weights of each graph at its precision, plus the KV
+    cache at the measured mean context, times the measured target and draft passes per token) and its arithmetic per
+    token against plain decoding (ops factor). Decoding at batch 1 is memory-bound: --roofline divides the measured
+    bandwidth by those bytes to say how far each method is from the limit.
+
+    \b
+    Examples:
+      specrt bench --bundle bundle --methods none,draft,ngram --repeats 3 --json bench.json
+      specrt bench --bundle bundle --methods none,draft --temperature 0.8 --top-p 0.9
+      specrt bench --bundle bundle --methods none,draft --roofline --energy
+      specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
+      specrt bench --bundle bundle-int4 --compare ortgenai,hf
+    """
+    from rich.console import Console
+
+    from .. import load
+    from ..data import prompts as builtin_prompts
+    from ..measure.bandwidth import Bandwidth
+    from ..measure.bench import BenchConfig, make_peers, read_prompts, run_bench
+    from ..measure.peers import parse_kinds
+    from ..measure.probes import energy_meter, roofline_bandwidth
+    from ..measure.report import print_bench
+    from ..runtime.tree import TreeShape
+
+    kinds = parse_kinds(compare)
+    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                      max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
+                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline)
+    prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
+    given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
+    gen = load(bundle, threads=threads, low_memory=low_memory)
+    notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
+    with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
+        peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
+                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"))
+        provider = gen.decoders["target"].provider
+        bw = given or (roofline_bandwidth(provider, notes, status.update) if roofline else None)
+        meter = energy_meter(notes) if energy else None
+        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
+                           peers=peers, bandwidth=bw, energy=meter)
+    result["notes"] = notes
+    print_bench(result)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(result, f, indent=2)
+        click.echo(f"wrote {json_out}")
+
+
+@main.command()
+@click.option("--alpha", type=float, help="Acceptance rate α in [0, 1].")
+@click.option("--c", "c", type=float, help="Cost of a draft pass / cost of a target pass.")
+@click.option("--mu", type=float,
+              help="Draft / target arithmetic operations per token, for the ops-factor column [default: from the "
+                   "bundle's graphs with --bundle; else c, a time ratio standing in for it].")
+@click.option("--bundle", type=click.Path(file_okay=False),
+              help="Measure α and c on this bundle first (instead of --alpha/--c), and μ from its graphs.")
+@click.option("--demo", is_flag=True, help="Measure on the demo bundle shipped with specrt.")
+@click.option("--temperature", type=float, default=1.0, show_default=True,
+              help="Sampling temperature to measure α at.")
+@click.option("--context", type=int, default=256, show_default=True,
+              help="With --bundle: μ adds attention's FLOPs at this many positions (0: matmuls only).")
+@click.option("--max-gamma", type=int, default=16, show_default=True)
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="Write a PNG of speedup vs γ (needs matplotlib).")
+def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, demo: bool, temperature: float,
+         context: int, max_gamma: int, plot_file: str | None) -> None:
+    """Table of γ, E[tokens per target pass], relative cost γc+1, speedup and arithmetic-ops factor; marks the
+    optimal γ and says how close it gets to the unlimited-γ ceiling.
+
+    \b
+    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α)     speedup = E / (γc + 1)
+    ops factor     = (γμ + γ + 1) / E             (Leviathan et al. 2023, Eq. 11)
+    oracle ceiling = 1 / (1 - α)                  (E as γ → ∞)
+
+    The ops factor is how many times plain decoding's arithmetic speculation spends: it is paid in compute (and
+    energy) even where the memory-bound wall time improves.
+
+    \b
+    Examples:
+      specrt plan --alpha 0.8 --c 0.02 --mu 0.01
+      specrt plan --bundle bundle --temperature 0 --context 1024 --plot speedup.png
+    """
+    from ..measure.plan import bundle_mu, measure, plot
+    from ..measure.report import print_plan
+
+    mu_note = None
+    if bundle is not None or demo:
+        if alpha is not None or c is not None:
+            raise click.UsageError("give either --alpha/--c or --bundle, not both")
+        from .. import load
+        from ..data import prompts as builtin_prompts
+
+        gen = load(bundle)
+        m = measure(gen, builtin_prompts("code"), temperature=temperature)
+        alpha, c = m.alpha, m.c
+        click.echo(m.describe())
+        if mu is None:
+            mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
+    elif alpha is None or c is None:
+        raise click.UsageError("give --alpha and --c, or --bundle to measure them")
+    print_plan(alpha, c, max_gamma, mu, mu_note)
+    if plot_file:
+        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file)}")
+
+
+@main.command()
+@bundle_option
+@click.option("--samples", type=int, default=2000, show_default=True,
+              help="Samples per side for the sampled-distribution check.")
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="all", show_default=True)
+@backend_option
+def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str) -> None:
+    """Check a bundle on this backend: PASS/FAIL with figures, exit code 1 on any FAIL.
+
+    \b
+    - logits vs the PyTorch reference stored at export (precision problems, broken engines);
+    - greedy speculation == plain greedy decoding, token for token (draft and n-gram);
+    - sampled speculation vs plain sampling, total-variation distance under a stated threshold;
+    - the draft pays for itself: best predicted speedup at the measured α and c above 1
+      (a draft with a shifted vocabulary cannot change the output, only this figure).
+    """
+    from rich.console import Console
+
+    from .. import load
+    from ..check.verify import verify_bundle
+    from ..data import prompts as builtin_prompts
+
+    if samples < 10:
+        raise click.BadParameter("use at least 10 samples", param_hint="--samples")
+    gen = load(bundle, backend=backend)
+    with Console(stderr=True).status("verifying…"):
+        checks = verify_bundle(gen, builtin_prompts(prompt_set), samples=samples, max_new_tokens=max_new_tokens)
+    for ch in checks:
+        click.echo(f"{'PASS' if ch.passed else 'FAIL'}  {ch.name}: {ch.detail}")
+    failed = [ch for ch in checks if not ch.passed]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(checks)} checks failed")
+    click.echo(f"all {len(checks)} checks passed")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--bandwidth", is_flag=True,
+              help="Also measure sustainable memory bandwidth the way STREAM does (about a second): host memory "
+                   "(read-sum and copy, one thread per core), and the GPU's with torch+CUDA.")
+@click.option("--bandwidth-mb", type=int,
+              help="Array size of the probe in MiB [default: max(512, 4x the last-level cache), at most a quarter "
+                   "of free memory].")
+def doctor(as_json: bool, bandwidth: bool, bandwidth_mb: int | None) -> None:
+    """What specrt sees: Python and library versions, ONNX Runtime providers, GPUs, Jetson model / L4T / JetPack /
+    power mode, and the backend `specrt run` would pick.
+
+    \b
+    Examples:
+      specrt doctor
+      specrt doctor --bandwidth                 # then: specrt bench --bandwidth <its GB/s>
+      specrt doctor --bandwidth --bandwidth-mb 2048 --json
+    """
+    from ..check.doctor import as_dict, diagnose, render
+    from ..measure.probes import bandwidth_probes
+
+    if bandwidth_mb is not None and not bandwidth:
+        raise click.UsageError("--bandwidth-mb needs --bandwidth")
+    report = diagnose()
+    probes = bandwidth_probes(None if bandwidth_mb is None else bandwidth_mb * 2**20) if bandwidth else None
+    click.echo(json.dumps(as_dict(report, probes), indent=2) if as_json else render(report, probes))
+

@@ -1,0 +1,113 @@
+"""What the commands share: the error boundary, option decorators, loading a bundle."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import click
+
+from ..errors import SpecrtError
+from ..export.pipeline import missing_extra
+
+
+class Commands(click.Group):
+    """The error boundary: a SpecrtError in any command becomes click's one-line 'Error: ...' and exit code 1,
+    never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SpecrtError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@contextlib.contextmanager
+def torch_side(what: str) -> Iterator[None]:
+    """Imports of the export extra inside this block fail as one line naming the install command."""
+    try:
+        yield
+    except ImportError as e:
+        raise missing_extra(what, e) from None
+
+
+def combine(*decorators: Callable) -> Callable:
+    """Several options as one decorator, shown in --help in the order given."""
+
+    def deco(fn: Callable) -> Callable:
+        for d in reversed(decorators):
+            fn = d(fn)
+        return fn
+
+    return deco
+
+
+def parse_gamma(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an integer nor 'auto'") from None
+
+
+# --- options shared by several commands ------------------------------------------------------------------------
+
+METHODS = ("auto", "eagle", "draft", "tree", "medusa", "ngram", "none")
+BITS = {"int4": 4, "int8": 8}
+
+
+def parse_bits(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+    return None if value == "none" else BITS.get(value, value)  # "same" stays "same"
+
+
+bundle_option = click.option(
+    "--bundle", type=click.Path(file_okay=False),
+    help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
+gamma_option = click.option(
+    "--gamma", default="4", show_default=True, callback=parse_gamma,
+    help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c.")
+tree_option = click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
+                           help="Tree shape of the tree method: children per node at each depth.")
+sampling_options = combine(
+    click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+    click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+    click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."))
+backend_option = click.option(
+    "--backend", default="auto", show_default=True,
+    help="onnxruntime, tensorrt or torch. auto: TensorRT when the bundle has engines from `specrt build` "
+         "(and TensorRT is importable), else ONNX Runtime (its CUDA provider if onnxruntime-gpu sees a GPU).")
+threads_option = click.option("--threads", type=int, help="Intra-op threads per session [default: all cores].")
+low_memory_option = click.option(
+    "--low-memory", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+    callback=lambda c, p, v: {"auto": None, "on": True, "off": False}[v],
+    help="ONNX Runtime on CPU. on: no fp32 copy of an fp16 model's weights (cast at every pass instead) and no "
+         "prepacking (Llama-3.2-1B dims fp16: 0.3x the anonymous memory, 0.2x the tokens/s). auto: on for a model "
+         "whose default session would not fit in the memory available, said on stderr.")
+force_option = click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
+
+
+def method_option(lead: str = "") -> Callable:
+    return click.option(
+        "--method", type=click.Choice(METHODS), default="auto", show_default=True,
+        help=lead + "auto: the best the bundle holds (eagle, else draft, else ngram); eagle: a chain from the "
+                    "bundle's EAGLE-3 head; draft: a chain from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
+                    "medusa: the bundle's Medusa heads; ngram: prompt lookup, no model; none: plain decoding.")
+
+
+def quantize_layout_options(note: str = "") -> Callable:
+    return combine(
+        click.option("--block-size", type=click.Choice(["16", "32", "64", "128"]), default="32", show_default=True,
+                     callback=lambda c, p, v: int(v), help=f"Weights per quantization scale{note}."),
+        click.option("--draft-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
+                     show_default=True, callback=parse_bits, help=f"The draft's quantization{note}."))
+
+
+def load_bundle(bundle: str | None, **kwargs: Any):
+    """The bundle's generator; notes on how its sessions were sized go to stderr."""
+    from .. import load
+
+    gen = load(bundle, **kwargs)
+    for note in gen.memory_notes:
+        click.echo(f"note: {note}", err=True)
+    return gen
