@@ -22,8 +22,10 @@ from .options import (
 @bundle_option
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help="JSON list or one-prompt-per-line file [default: the shipped code prompts].")
-@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="code", show_default=True,
-              help="Which shipped prompt set to use when --prompts is not given.")
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]), default="code",
+              show_default=True, help="Which shipped prompt set to use when --prompts is not given.")
+@click.option("--chat", "chat", is_flag=True,
+              help="Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
 @click.option("--methods", default="none,draft,tree,ngram", show_default=True,
               help="Comma-separated; must include none.")
 @tree_option
@@ -60,7 +62,7 @@ from .options import (
               help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
                    "(whichever this machine reports; which are missing is said, not an error).")
 @low_memory_option
-def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods: str, tree_shape: str,
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str, tree_shape: str,
           max_new_tokens: int, repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_cache: str | None,
@@ -87,6 +89,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
       specrt bench --bundle bundle --methods none,draft --roofline --energy
       specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
       specrt bench --bundle bundle-int4 --compare ortgenai,hf
+      specrt bench --bundle smollm2 --chat --prompts benchmarks/chat-heldout.json --methods none,eagle
     """
     from rich.console import Console
 
@@ -102,7 +105,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, methods
     kinds = parse_kinds(compare)
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
                       max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
-                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline)
+                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline,
+                      chat=chat)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
     gen = load(bundle, threads=threads, low_memory=low_memory)

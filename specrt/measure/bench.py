@@ -57,6 +57,8 @@ class BenchConfig:
     # With sampling: also greedy plain decoding in every repeat, right beside the sampled none run, so
     # that what sampling costs is a ratio measured in one run (separate runs drift apart on a busy machine).
     greedy_baseline: bool = True
+    # Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.
+    chat: bool = False
 
     def __post_init__(self) -> None:
         self.options("none", 0)  # validates the sampling settings, gamma and tree
@@ -80,9 +82,9 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     Every row has ``bytes_per_token`` (weights + KV cache read per generated token); with ``bandwidth``
     also the bandwidth achieved, its share of the roofline and the roofline's tokens/s; with ``energy``
     (an :class:`specrt.measure.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
-    gen.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up: first-call allocations
+    prompt_ids = [encode(gen, p, cfg.chat) for p in prompts]
+    gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
-    prompt_ids = [gen.encode(p) for p in prompts]
     for peer in peers:
         peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
     runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
@@ -94,18 +96,18 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         for method in cfg.methods:
             beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
             if beside and r % 2 == 0:
-                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
+                greedy_runs.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
             if energy is not None:
                 energy.begin()
             options = cfg.options(method, r)
-            stats = [gen.generate(p, options) for p in prompts]
+            stats = [gen.stream_ids(ids, options).result for ids in prompt_ids]
             outputs.setdefault(method, [s.token_ids for s in stats])
             joules = sum(energy.end().values()) if energy is not None else None
             runs[method].append(_aggregate([s.stats for s in stats], joules))
             if beside and r % 2 == 1:
-                greedy_runs.append(_greedy_none(gen, prompts, cfg, on_progress, r))
+                greedy_runs.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
         for peer in peers:
             if on_progress:
                 on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
@@ -113,7 +115,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     costs = model_costs(gen)
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
                          "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
-                         "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts),
+                         "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts), "chat": cfg.chat,
                          "vocab": gen.manifest.target.dims.vocab_size,
                          "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
                          "model_costs": {role: {"weight_bytes": c.weight_bytes,
@@ -167,13 +169,18 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     return result
 
 
-def _greedy_none(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
+def encode(gen: SpeculativeGenerator, prompt: str, chat: bool) -> list[int]:
+    """A prompt's ids: as text, or as a user's message in the bundle's chat template."""
+    return gen.encode_chat([{"role": "user", "content": prompt}]) if chat else gen.encode(prompt)
+
+
+def _greedy_none(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig,
                  on_progress: Callable[[str], None] | None, r: int) -> dict:
     """One repeat of greedy plain decoding over the prompts: the baseline a sampled run is measured against."""
     if on_progress:
         on_progress(f"repeat {r + 1}/{cfg.repeats} · none, greedy (the baseline)")
     greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
-    return _aggregate([gen.generate(p, greedy).stats for p in prompts])
+    return _aggregate([gen.stream_ids(ids, greedy).result.stats for ids in prompt_ids])
 
 
 def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: list[list[int]], ours: dict,

@@ -103,3 +103,16 @@ def test_bench_samples_with_truncation_and_reports_host_time(close_bundle, tmp_p
     assert "greedy_baseline" not in json.loads(out.read_text())
     res = CliRunner().invoke(main, ["bench", "--bundle", str(close_bundle), "--top-p", "1.5"])
     assert res.exit_code == 1 and "top_p must be in (0, 1]" in res.output
+
+
+def test_bench_chat_renders_each_prompt_as_a_users_message(chat_bundle, monkeypatch):
+    import specrt
+
+    gen = specrt.load(chat_bundle, threads=1)
+    seen = []
+    original = gen.stream_ids
+    monkeypatch.setattr(gen, "stream_ids", lambda ids, *a, **k: seen.append(list(ids)) or original(ids, *a, **k))
+    res = run_bench(gen, ["hi"], BenchConfig(methods=("none", "ngram"), max_new_tokens=4, repeats=1, chat=True))
+    assert res["config"]["chat"] is True
+    chat_ids = gen.encode_chat([{"role": "user", "content": "hi"}])
+    assert chat_ids != gen.encode("hi") and seen and all(ids == chat_ids for ids in seen)
