@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ _RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype")
 # progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
 # (steps; loss is the step's weighted TTT loss, None on the call that announces a resumed start) or
 # "evaluate" (held-out batches). Raising from it stops training; the last checkpoint stays resumable.
-Progress = Callable[[str, int, int, "float | None"], None]
+Progress = Callable[[str, int, int, float | None], None]
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -236,45 +236,82 @@ def _forward_kwargs(model: Any, cache: Any) -> dict:
     return kwargs
 
 
+@dataclass
+class _Seq:
+    """One sequence as the target saw it, before the draft vocabulary is known."""
+
+    tokens: list[int]
+    start: int  # the first scored target position
+    taps: torch.Tensor  # [len, 3·H_t] fp16
+    final: torch.Tensor  # [len, H_t] fp32: the target's last hidden state, its LM head's input
+    top1: torch.Tensor  # [len] int32: the target's argmax over the full vocabulary
+
+
+def _states(out: Any, taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(taps fp16 [B, T, 3·H_t], final fp32 [B, T, H_t]) from an output_hidden_states forward. The last of
+    HF's hidden_states is after the final norm: what the LM head reads."""
+    return torch.cat([out.hidden_states[i] for i in taps], dim=-1).half(), out.hidden_states[-1].float()
+
+
 @torch.no_grad()
 def _continue(model: Any, prompt: list[int], n: int, max_len: int, temperature: float, end_ids: list[int],
-              gen: torch.Generator) -> list[list[int]]:
-    """``n`` continuations of ``prompt`` up to ``max_len`` tokens in all, each cut after its first end id."""
+              gen: torch.Generator, taps: Sequence[int]) -> list[_Seq]:
+    """``n`` continuations of ``prompt`` up to ``max_len`` tokens in all, each cut after its first end id, with
+    the target's taps, last hidden state and argmax at every position, from the generating passes
+    themselves (as the runtime's incremental passes compute them): no second forward over the data."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    kwargs = _forward_kwargs(model, cache)
+    kwargs = {**_forward_kwargs(model, DynamicCache()), "output_hidden_states": True}
     seqs = torch.tensor([prompt] * n)
     ends = torch.tensor(end_ids or [-1])
-    logits = model(input_ids=seqs, **kwargs).logits[:, -1]
+    out = model(input_ids=seqs, **kwargs)
+    first_taps, first_final = _states(out, taps)
+    tap_parts, final_parts = [first_taps], [first_final]
+    top1 = torch.zeros(n, len(prompt), dtype=torch.int32)  # prompt positions but the last are never scored
+    top1[:, -1] = out.logits[:, -1].argmax(-1)
+    top1_parts = [top1]
     done = torch.zeros(n, dtype=torch.bool)
     while seqs.shape[1] < max_len and not bool(done.all()):
+        logits = out.logits[:, -1].float()
         if temperature == 0:
             nxt = logits.argmax(-1)
         else:
-            nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=gen)[:, 0]
+            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
         seqs = torch.cat([seqs, nxt[:, None]], dim=1)
         done |= torch.isin(nxt, ends)
-        if seqs.shape[1] < max_len and not bool(done.all()):
-            logits = model(input_ids=nxt[:, None], **kwargs).logits[:, -1]
-    out = []
-    for row in seqs.tolist():
-        gen_part = row[len(prompt):]
-        cut = next((i + 1 for i, x in enumerate(gen_part) if x in end_ids), len(gen_part))
-        out.append(row[:len(prompt) + cut])
-    return out
+        if bool(done.all()):
+            break  # no row needs the states at its end id: nothing after it is scored
+        out = model(input_ids=nxt[:, None], **kwargs)
+        for parts, part in zip((tap_parts, final_parts), _states(out, taps)):
+            parts.append(part)
+        top1_parts.append(out.logits[:, -1:].argmax(-1).int())
+    tap_all, final_all, top1_all = (torch.cat(parts, dim=1) for parts in (tap_parts, final_parts, top1_parts))
+    result = []
+    for r, row in enumerate(seqs.tolist()):
+        cut = next((i + 1 for i, x in enumerate(row[len(prompt):]) if x in end_ids), len(row) - len(prompt))
+        m = len(prompt) + cut
+        have = min(m, tap_all.shape[1])  # an end id that closed the batch has no states (never read)
+        pad = (0, 0, 0, m - have)
+        result.append(_Seq(row[:m], len(prompt) - 1, F.pad(tap_all[r, :have], pad),
+                           F.pad(final_all[r, :have], pad), F.pad(top1_all[r, :have], (0, m - have))))
+    return result
 
 
-@dataclass
-class _Sequences:
-    """Token sequences before the target's forward pass."""
-
-    tokens: list[list[int]] = field(default_factory=list)
-    start: list[int] = field(default_factory=list)
-
-    def add(self, tokens: list[int], start: int) -> None:
-        self.tokens.append(tokens)
-        self.start.append(start)
+@torch.no_grad()
+def _teacher_forced(model: Any, windows: list[list[int]], taps: Sequence[int], batch_size: int) -> list[_Seq]:
+    """Text windows as they are: one forward each (right-padded in batches: a causal target's real positions
+    never see the padding)."""
+    result = []
+    for lo in range(0, len(windows), batch_size):
+        group = windows[lo:lo + batch_size]
+        m = max(len(w) for w in group)
+        ids = torch.tensor([w + [0] * (m - len(w)) for w in group])
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        tap_all, final_all = _states(out, taps)
+        top1 = out.logits.argmax(-1).int()
+        result += [_Seq(w, 1, tap_all[i, :len(w)], final_all[i, :len(w)], top1[i, :len(w)])
+                   for i, w in enumerate(group)]
+    return result
 
 
 def _documents(data_files: Sequence[str | os.PathLike], data_format: str) -> list[str]:
@@ -298,58 +335,62 @@ def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
 
 
 def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
-                     end_ids: list[int], progress: Progress) -> tuple[_Sequences, _Sequences, dict]:
+                     end_ids: list[int], taps: Sequence[int], progress: Progress
+                     ) -> tuple[list[_Seq], list[_Seq], dict]:
+    """Whole prompts and documents are held out, so no held-out sequence shares a prefix with a training one.
+    Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation
+    each, the runtime's greedy chain exactly."""
     groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs]
-    train_groups, held_groups = _split(len(groups), cfg.heldout_fraction, cfg.seed)
+    train_groups, held_list = _split(len(groups), cfg.heldout_fraction, cfg.seed)
+    held_groups = set(held_list)
     encoded: dict[int, list[int]] = {}
-    skipped = 0
-    for i in train_groups + held_groups:
-        if groups[i][0] == "prompt":
-            ids = _encode_prompt(tok, groups[i][1], cfg.chat_template)
-            if len(ids) + 1 >= cfg.seq_len:  # no room for a continuation
-                skipped += 1
-            else:
+    for i, (kind, text) in enumerate(groups):
+        if kind == "prompt":
+            ids = _encode_prompt(tok, text, cfg.chat_template)
+            if len(ids) + 1 < cfg.seq_len:  # else no room for a continuation: skipped
                 encoded[i] = ids
     train_prompts = [i for i in train_groups if i in encoded]
-    held_prompts = [i for i in held_groups if i in encoded]
     per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
     jobs = [(i, min(_GEN_BATCH, per_prompt - k), cfg.temperature) for i in train_prompts
-            for k in range(0, per_prompt, _GEN_BATCH)] + [(i, 1, 0.0) for i in held_prompts]
+            for k in range(0, per_prompt, _GEN_BATCH)] + [(i, 1, 0.0) for i in held_list if i in encoded]
     total = sum(n for _, n, _ in jobs)
     gen = torch.Generator().manual_seed(cfg.seed)
-    train, held = _Sequences(), _Sequences()
+    train: list[_Seq] = []
+    held: list[_Seq] = []
     done = 0
     for i, n, temperature in jobs:
-        for seq in _continue(model, encoded[i], n, cfg.seq_len, temperature, end_ids, gen):
-            (held if i in held_groups else train).add(seq, len(encoded[i]) - 1)
+        (held if i in held_groups else train).extend(
+            _continue(model, encoded[i], n, cfg.seq_len, temperature, end_ids, gen, taps))
         done += n
         progress("generate", done, total, None)
-    windows = 0
-    for i in train_groups + held_groups:
-        if groups[i][0] == "doc":
-            ids = tok(groups[i][1]).input_ids
-            for k in range(0, len(ids), cfg.seq_len):
-                if len(ids) - k >= _MIN_WINDOW:
-                    (held if i in held_groups else train).add(ids[k:k + cfg.seq_len], 1)
-                    windows += 1
-    if not train.tokens or not held.tokens:
-        raise ConfigError("eagle train: no training or no held-out sequences remain (prompts longer than "
-                          f"seq_len {cfg.seq_len} are skipped; {skipped} were)")
+    windows: dict[bool, list[list[int]]] = {False: [], True: []}
+    for i, (kind, text) in enumerate(groups):
+        if kind == "doc":
+            ids = tok(text).input_ids
+            windows[i in held_groups] += [ids[k:k + cfg.seq_len] for k in range(0, len(ids), cfg.seq_len)
+                                          if len(ids) - k >= _MIN_WINDOW]
+    train += _teacher_forced(model, windows[False], taps, cfg.batch_size)
+    held += _teacher_forced(model, windows[True], taps, cfg.batch_size)
+    skipped = len(prompts) - len(encoded)
+    if not train or not held:
+        raise ConfigError("eagle train: no training or no held-out sequences remain (prompts that leave no room "
+                          f"in seq_len {cfg.seq_len} are skipped: {skipped} were)")
     info = {"prompts": len(prompts), "documents": len(docs), "prompts_skipped": skipped,
-            "prompts_train": len(train_prompts), "prompts_heldout": len(held_prompts),
-            "documents_heldout": sum(1 for i in held_groups if groups[i][0] == "doc"),
-            "text_windows": windows, "continuations_per_prompt": per_prompt}
+            "prompts_train": len(train_prompts), "prompts_heldout": sum(1 for i in held_list if i in encoded),
+            "documents_heldout": sum(1 for i in held_list if groups[i][0] == "doc"),
+            "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt}
     return train, held, info
 
 
-def choose_draft_vocab(train: _Sequences, vocab_size: int, n: int | None, end_ids: Sequence[int]
-                       ) -> tuple[torch.Tensor, torch.Tensor, float]:
+def choose_draft_vocab(sequences: Sequence[tuple[Sequence[int], int]], vocab_size: int, n: int | None,
+                       end_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
     """EAGLE-3's draft vocabulary (traineagle3/cnets.py:664-676): the ``n`` most frequent tokens the training
-    sequences predict (ties to the lower id), plus the end ids, sorted ascending; d2t[i] = used[i] - i.
-    Returns (d2t int64 [D], t2d bool [V], the fraction of predicted tokens the vocabulary covers)."""
+    ``sequences`` ((tokens, first scored target position) pairs) predict, ties to the lower id, plus the end
+    ids, sorted ascending; d2t[i] = used[i] - i. Returns (d2t int64 [D], t2d bool [V], the fraction of
+    predicted tokens the vocabulary covers)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for tokens, start in zip(train.tokens, train.start):
-        counts += torch.bincount(torch.tensor(tokens[start + 1:], dtype=torch.long), minlength=vocab_size)
+    for tokens, start in sequences:
+        counts += torch.bincount(torch.tensor(list(tokens[start + 1:]), dtype=torch.long), minlength=vocab_size)
     if n is None or n >= vocab_size:
         used = torch.arange(vocab_size)
     else:
@@ -365,32 +406,49 @@ def choose_draft_vocab(train: _Sequences, vocab_size: int, n: int | None, end_id
 
 
 @torch.no_grad()
-def _cache(model: Any, seqs: _Sequences, taps: Sequence[int], targets: torch.Tensor, cfg: EagleTrainConfig,
-           end_ids: list[int], progress: Progress, phase_done: int, phase_total: int) -> SequenceCache:
-    n, t = len(seqs.tokens), cfg.seq_len
-    width = 3 * model.config.hidden_size
-    k = min(cfg.topk, len(targets))
-    c = SequenceCache(tokens=torch.zeros(n, t, dtype=torch.int32), length=torch.zeros(n, dtype=torch.int32),
-                      start=torch.tensor(seqs.start, dtype=torch.int32), stop=torch.zeros(n, dtype=torch.int32),
-                      taps=torch.zeros(n, t, width, dtype=torch.float16),
-                      logp=torch.zeros(n, t, k, dtype=torch.float16),
-                      ids=torch.zeros(n, t, k, dtype=torch.int32), top1=torch.zeros(n, t, dtype=torch.int32))
-    for i, seq in enumerate(seqs.tokens):
-        c.tokens[i, :len(seq)] = torch.tensor(seq, dtype=torch.int32)
-        c.length[i] = len(seq)
-        c.stop[i] = len(seq) - 1 if seq[-1] in end_ids else len(seq)
-    for lo in range(0, n, cfg.batch_size):
-        hi = min(n, lo + cfg.batch_size)
-        m = int(c.length[lo:hi].max())
-        # right padding: a causal target's real positions never see it, and padded positions are not scored
-        out = model(input_ids=c.tokens[lo:hi, :m].long(), output_hidden_states=True, use_cache=False)
-        c.taps[lo:hi, :m] = torch.cat([out.hidden_states[i] for i in taps], dim=-1).half()
-        logits = out.logits.float()
-        c.top1[lo:hi, :m] = logits.argmax(-1).int()
-        top = torch.log_softmax(logits[..., targets], dim=-1).topk(k, dim=-1)
-        c.logp[lo:hi, :m], c.ids[lo:hi, :m] = top.values.half(), top.indices.int()
-        progress("cache", phase_done + hi, phase_total, None)
+def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, seq_len: int, topk: int,
+           end_ids: list[int], progress: Progress, done: int, total: int) -> SequenceCache:
+    """Pads ``seqs`` into a SequenceCache; the draft-vocab log-probabilities are the target's own logits at the
+    draft ids' target ids (its LM head on its last hidden state), computed on scored positions only."""
+    n, width = len(seqs), seqs[0].taps.shape[-1]
+    k = min(topk, len(targets))
+    weight = lm_head.weight[targets].float()  # [D, H_t]
+    bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[targets].float()
+    c = SequenceCache(tokens=torch.zeros(n, seq_len, dtype=torch.int32), length=torch.zeros(n, dtype=torch.int32),
+                      start=torch.tensor([q.start for q in seqs], dtype=torch.int32),
+                      stop=torch.zeros(n, dtype=torch.int32), taps=torch.zeros(n, seq_len, width, dtype=torch.float16),
+                      logp=torch.zeros(n, seq_len, k, dtype=torch.float16),
+                      ids=torch.zeros(n, seq_len, k, dtype=torch.int32),
+                      top1=torch.zeros(n, seq_len, dtype=torch.int32))
+    for i, q in enumerate(seqs):
+        m = len(q.tokens)
+        c.tokens[i, :m] = torch.tensor(q.tokens, dtype=torch.int32)
+        c.length[i] = m
+        c.stop[i] = m - 1 if q.tokens[-1] in end_ids else m
+        c.taps[i, :m], c.top1[i, :m] = q.taps, q.top1
+        lo, hi = max(1, q.start), int(c.stop[i])
+        if hi > lo:
+            logits = F.linear(q.final[lo:hi], weight, bias)
+            top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+            c.logp[i, lo:hi], c.ids[i, lo:hi] = top.values.half(), top.indices.int()
+        if i == 0:
+            _check_lm_head(q, lm_head)
+        seqs[i] = None  # consumed: its fp32 states are freed as the cache fills
+        progress("cache", done + i + 1, total, None)
     return c
+
+
+def _check_lm_head(q: _Seq, lm_head: torch.nn.Module) -> None:
+    """The cache's logits come from the LM head on the last hidden state; refuse a target where that is not
+    its argmax (a logit scale or soft-cap between the two)."""
+    lo, hi = max(1, q.start), len(q.tokens) - 1
+    if hi <= lo:
+        return
+    logits = lm_head(q.final[lo:hi].to(lm_head.weight.dtype)).float()
+    best = logits.gather(-1, q.top1[lo:hi, None].long())[:, 0]
+    if not bool((best >= logits.max(-1).values - 1e-3).all()):
+        raise ConfigError("this target's logits are not its LM head applied to its last hidden state; "
+                          "eagle train cannot restrict them to a draft vocabulary")
 
 
 def _scored(c: SequenceCache) -> torch.Tensor:
@@ -526,15 +584,22 @@ def _saved_copy(head: Eagle3Head, dtype: str) -> Eagle3Head:
 
 def _save_atomic(obj: Any, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputPathError(f"could not write {path}: {e}") from None
 
 
 def _fingerprint(source: str, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str]) -> str:
-    """What the cache depends on: the target's config and weights' identity, the data and its settings."""
+    """What the cache depends on: the target's config, tokenizer and weights' identity, the data and its
+    settings."""
     h = hashlib.sha256()
     folder = Path(source)
-    h.update((folder / "config.json").read_bytes())
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (folder / name).is_file():
+            h.update(name.encode() + (folder / name).read_bytes())
     for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
         st = weights.stat()
         h.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -557,6 +622,35 @@ def _versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def _data(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
+          prompts: Sequence[str], docs: Sequence[str], end_ids: list[int], taps: Sequence[int],
+          report: Progress) -> dict:
+    """The run's cache: read back when resuming, else generated, cached and saved (atomically) at ``path``."""
+    if resume and path.is_file():
+        cached = torch.load(path, weights_only=True)
+        if cached["fingerprint"] != fingerprint:
+            raise ConfigError(f"{path.parent} holds a cache of another target, data or data settings; train "
+                              "without resume to start over")
+        return cached
+    t0 = time.perf_counter()
+    train_seqs, held_seqs, info = _build_sequences(model, tok, cfg, prompts, docs, end_ids, taps, report)
+    times = {"generate": time.perf_counter() - t0}
+    d2t, t2d, coverage = choose_draft_vocab([(q.tokens, q.start) for q in train_seqs], model.config.vocab_size,
+                                            cfg.draft_vocab, end_ids)
+    targets = torch.arange(len(d2t)) + d2t
+    t0 = time.perf_counter()
+    n_train, total = len(train_seqs), len(train_seqs) + len(held_seqs)
+    head = model.get_output_embeddings()
+    train = _cache(train_seqs, head, targets, cfg.seq_len, cfg.topk, end_ids, report, 0, total)
+    held = _cache(held_seqs, head, targets, cfg.seq_len, cfg.topk, end_ids, report, n_train, total)
+    times["cache"] = time.perf_counter() - t0
+    info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
+    cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
+              "info": info, "times": times}
+    _save_atomic(cached, path)
+    return cached
+
+
 # ------------------------------------------------------------------------------------------ entry point
 
 
@@ -571,13 +665,13 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``config.dtype``) and ``training.json`` (config, data sizes, timing, loss history, held-out acceptance
     before and after training); while training it also holds ``.train/`` (the data cache and a checkpoint of
     head, optimizer, step and RNG every ``config.checkpoint_every`` steps), removed at the end unless
-    ``config.keep_checkpoint``. ``prompts``: seed prompts the target continues (default
-    ``specrt.data.prompts("all")``). ``data_files``: plain-text files or folders (``medusa.read_texts``)
-    used as they are, per ``config.data_format``. ``progress(phase, done, total, loss)``: see ``Progress``.
-    ``resume``: continue from ``out_dir/.train`` when it holds a checkpoint of the same target, data and
-    config (``checkpoint_every``, ``keep_checkpoint`` and ``dtype`` may differ), else start afresh; a
-    resumed run ends with the same head as an uninterrupted one. A run that fails or is interrupted
-    never leaves a half-written head: the head's files land by rename, after training.
+    ``config.keep_checkpoint``. ``prompts``: seed prompts the target continues (default: the shipped
+    ``specrt.data.prompts("chat")`` then ``prompts("all")``). ``data_files``: plain-text files or folders
+    (``medusa.read_texts``) used as they are, per ``config.data_format``. ``progress(phase, done, total,
+    loss)``: see ``Progress``. ``resume``: continue from ``out_dir/.train`` when it holds a checkpoint of
+    the same target, data and config (``checkpoint_every``, ``keep_checkpoint`` and ``dtype`` may differ),
+    else start afresh; a resumed run ends with the same head as an uninterrupted one. A run that fails or
+    is interrupted never leaves a half-written head: the head's files land by rename, after training.
 
     Example (what ``specrt eagle train MODEL -o HEAD --data notes.txt --steps 500 --draft-vocab 8192`` runs)::
 
@@ -601,7 +695,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if prompts is None:
         from ..data import prompts as shipped_prompts
 
-        prompts = shipped_prompts("all")
+        prompts = shipped_prompts("chat") + shipped_prompts("all")  # user messages, code, prose
     prompts = list(prompts)
     if not all(isinstance(p, str) and p for p in prompts):
         raise ConfigError("eagle train: prompts must be non-empty strings")
@@ -616,10 +710,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     work = out / WORK_DIR
     if not resume and work.exists():
         shutil.rmtree(work)  # only specrt's own work folder: a fresh run starts from nothing
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputPathError(f"cannot write to {out}: {e}") from None
 
     model = load_causal_lm(str(source), "float32")
     model.requires_grad_(False)
@@ -627,26 +717,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     taps = tap_layers(target_config.num_hidden_layers)
 
     with torch.random.fork_rng(devices=[]):
-        times: dict[str, float] = {}
-        cached = torch.load(work / CACHE_NAME, weights_only=True) if resume and (work / CACHE_NAME).is_file() else None
-        if cached is not None and cached["fingerprint"] != fingerprint:
-            raise ConfigError(f"{work} holds a cache of another target, data or data settings; train without "
-                              "resume to start over")
-        if cached is None:
-            t0 = time.perf_counter()
-            train_seqs, held_seqs, data_info = _build_sequences(model, tok, cfg, prompts, docs, end_ids, report)
-            times["generate"] = time.perf_counter() - t0
-            d2t, t2d, coverage = choose_draft_vocab(train_seqs, target_config.vocab_size, cfg.draft_vocab, end_ids)
-            targets = torch.arange(len(d2t)) + d2t
-            t0 = time.perf_counter()
-            total = len(train_seqs.tokens) + len(held_seqs.tokens)
-            train = _cache(model, train_seqs, taps, targets, cfg, end_ids, report, 0, total)
-            held = _cache(model, held_seqs, taps, targets, cfg, end_ids, report, len(train_seqs.tokens), total)
-            times["cache"] = time.perf_counter() - t0
-            data_info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
-            cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
-                      "info": data_info, "times": times}
-            _save_atomic(cached, work / CACHE_NAME)
+        cached = _data(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps, report)
         d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
         train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
         targets = torch.arange(len(d2t)) + d2t
@@ -679,20 +750,21 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             _, kls = _step_kls(head, embed, t2d, train.batch(sampler.batch(step)), cfg.ttt_steps)
             losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
             loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
-            if not torch.isfinite(loss):
-                raise ConfigError(f"eagle train diverged at step {step + 1} (loss {float(loss)}); lower lr")
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise ConfigError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
             opt.step()
             train_s += time.perf_counter() - t0
-            history.append([float(v) for v in losses])
+            history.append([float(v.detach()) for v in losses])
             if (step + 1) % cfg.checkpoint_every == 0:
                 _save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
                               "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
                               "history": history, "train_s": train_s, "init": heldout_init},
                              work / CHECKPOINT_NAME)
-            report("train", step + 1, cfg.steps, float(loss))
+            report("train", step + 1, cfg.steps, value)
 
         t0 = time.perf_counter()
         saved = _saved_copy(head, cfg.dtype)

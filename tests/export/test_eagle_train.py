@@ -1,0 +1,363 @@
+"""Training EAGLE-3 heads (specrt/export/eagle_train.py): the training-time-test mask against the runtime's
+chain, the loss, the acceptance measure, and short end-to-end runs on tiny targets (seconds each)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.models import CHAT_TEMPLATE, make_tokenizer, save_model
+
+from specrt.errors import ConfigError, ModelLoadError
+from specrt.export import eagle_train as et
+from specrt.export.eagle import Eagle3Config, Eagle3Head, load_eagle3
+from specrt.export.eagle_train import EagleTrainConfig, SequenceCache, train_eagle, ttt_forward, ttt_mask
+
+PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
+           "print(i)", "return n"]
+# seconds on 2 cores: 8 prompts, 32-token sequences, batches of 4
+SMALL = EagleTrainConfig(steps=30, lr=3e-3, batch_size=4, seq_len=32, num_sequences=16, draft_vocab=64, topk=16,
+                         checkpoint_every=10, heldout_fraction=0.25)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A tiny random llama (4 layers: the fewest a head can tap) with a 288-id vocabulary."""
+    tok = make_tokenizer(vocab=280)
+    return save_model(tmp_path_factory.mktemp("eagle-train") / "target", "llama", seed=1, vocab=288, layers=4,
+                      hidden=32, heads=2, kv_heads=1, tokenizer=tok)
+
+
+@pytest.fixture(scope="module")
+def pattern_target(tmp_path_factory):
+    """A target that repeats a pattern: its layers add nothing (o_proj, down_proj zero), and its LM head
+    sends token x to the next id of x's 3-cycle (2→3→4→2, 5→6→7→5, ...), so every greedy or sampled
+    continuation repeats three tokens; ids 0 and 1 (BOS, EOS) lead into the first cycle, never to EOS."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_model(tmp_path_factory.mktemp("eagle-pattern") / "target", "llama", seed=3, vocab=288, layers=4,
+                        hidden=64, heads=4, kv_heads=2, tokenizer=make_tokenizer(vocab=280))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        e = model.model.embed_tokens.weight
+        unit = e / e.pow(2).mean(-1, keepdim=True).sqrt()  # what the final RMS norm makes of E[x]
+        nxt = torch.arange(len(e))
+        ids = torch.arange(2, len(e))
+        for k in range(0, len(ids) - 2, 3):
+            nxt[ids[k:k + 3]] = ids[k:k + 3].roll(-1)
+        nxt[0] = nxt[1] = 2
+        w = torch.zeros_like(model.lm_head.weight)
+        w[nxt] = 0.25 * unit  # logit gap ~16 nats: the cycle's next id is the argmax, even sampled
+        model.lm_head.weight.copy_(w)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    """One short run on the random target, from prompts and a text file (one document per line)."""
+    root = tmp_path_factory.mktemp("eagle-trained")
+    text = root / "notes.txt"
+    text.write_text("Speculative decoding drafts tokens cheaply.\nThe target verifies them in one pass.\n"
+                    "def add(a, b):\n")
+    calls = []
+    out = root / "head"
+    record = train_eagle(target, out, replace(SMALL, data_format="lines"), prompts=PROMPTS, data_files=[text],
+                         progress=lambda *a: calls.append(a))
+    return out, record, calls
+
+
+# ------------------------------------------------------------------------------ the training-time test
+
+
+def test_ttt_mask_is_the_chains_attention():
+    x, o = True, False
+    # step 1, T = 4: block 0 = true-tap rows 0..j-1, block 1 = the row itself
+    assert ttt_mask(4, 1).tolist() == [[o, o, o, o, x, o, o, o],
+                                       [x, o, o, o, o, x, o, o],
+                                       [x, x, o, o, o, o, x, o],
+                                       [x, x, x, o, o, o, o, x]]
+    # step 2: row j (root j-2) sees rows 0..j-2, the depth-1 row j-1 and itself
+    m = ttt_mask(5, 2)
+    assert m.shape == (5, 15)
+    assert m[4].tolist() == [x, x, x, o, o] + [o, o, o, x, o] + [o, o, o, o, x]
+    assert ttt_mask(3, 0).tolist() == torch.ones(3, 3, dtype=torch.bool).tril().tolist()
+
+
+def test_ttt_forward_equals_the_runtimes_chain():
+    """Unrolled step s at row r + s == the runtime's depth-s row after verified rows 0..r: cache the
+    prefix's K/V, then feed each deeper row the previous row's hidden as features, at position r + s."""
+    cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg).eval()
+    t, depth = 9, 3
+    taps, embeds = torch.randn(2, t, 72), torch.randn(2, t, 32)
+    with torch.no_grad():
+        unrolled = ttt_forward(head, taps, embeds, depth)
+        for r in range(t - depth + 1):
+            mask = torch.ones(2, 1, r + 1, r + 1, dtype=torch.bool).tril()
+            out = head(taps[:, :r + 1], embeds[:, :r + 1], torch.arange(r + 1).expand(2, -1), mask)
+            keys, values, hidden = out.key, out.value, out.hidden[:, -1:]
+            torch.testing.assert_close(out.logits[:, -1], unrolled[0][:, r], rtol=1e-5, atol=1e-5)
+            for s in range(1, depth):
+                j = r + s  # the depth-s row reads token j+1, i.e. embeds[:, j]
+                step = head.step(hidden, embeds[:, j:j + 1], torch.full((2, 1), j),
+                                 torch.ones(2, 1, 1, keys.shape[1] + 1, dtype=torch.bool), keys, values)
+                torch.testing.assert_close(step.logits[:, 0], unrolled[s][:, j], rtol=1e-5, atol=1e-5)
+                keys, values = torch.cat([keys, step.key], 1), torch.cat([values, step.value], 1)
+                hidden = step.hidden
+
+
+def test_kl_is_exact_with_the_full_row_and_a_lower_bound_with_top_k():
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(2, 5, 12, generator=g), torch.randn(2, 5, 12, generator=g)
+    logp = torch.log_softmax(target, -1)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    exact = (logp.exp() * (logp - torch.log_softmax(logits, -1))).sum(-1).sum()
+    top = logp.topk(12, -1)
+    total, rows = et._kl(logits, top.values, top.indices, keep)
+    assert rows == 10
+    torch.testing.assert_close(total, exact, rtol=1e-5, atol=1e-6)
+    top = logp.topk(4, -1)
+    coarse, _ = et._kl(logits, top.values, top.indices, keep)
+    assert 0 <= coarse <= exact
+    keep[0] = False
+    assert et._kl(logits, top.values, top.indices, keep)[1] == 5
+
+
+def test_acceptance_counts_chains_like_the_runtime(monkeypatch):
+    """One-hot drafts: the chain from root r stops at the first wrong draft, and a deeper draft counts only
+    where the sequence continues with the accepted token (else the head read another context)."""
+    t = 8
+    top1 = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 17]], dtype=torch.int32)  # the target's argmax per position
+    tokens = torch.tensor([[5, 10, 11, 12, 99, 14, 15, 16]], dtype=torch.int32)  # token 4 leaves the greedy path
+    data = SequenceCache(tokens=tokens, length=torch.tensor([t], dtype=torch.int32),
+                         start=torch.tensor([1], dtype=torch.int32), stop=torch.tensor([t], dtype=torch.int32),
+                         taps=torch.zeros(1, t, 3), logp=torch.zeros(1, t, 1, dtype=torch.float16),
+                         ids=torch.zeros(1, t, 1, dtype=torch.int32), top1=top1)
+    right = top1[0, 1:].tolist() + [0]  # row j's correct draft: the argmax at j+1
+    drafts = [list(right), list(right), list(right)]
+    drafts[0][2] = 0  # root 2's first draft is wrong
+    drafts[1][5] = 0  # depth 1 at row 5 (root 4) is wrong
+
+    def fake(head, embed, t2d, b, depth):
+        logits = [torch.nn.functional.one_hot(torch.tensor([d]), 20).float() for d in drafts[:depth]]
+        return logits, [(torch.tensor(0.0), 1)] * depth
+
+    monkeypatch.setattr(et, "_step_kls", fake)
+    cfg = replace(SMALL, ttt_steps=3)
+    m = et.evaluate(torch.nn.Identity(), None, torch.zeros(20, dtype=torch.long), None, data, cfg)
+    # roots 0..6 (their next target positions 1..7 are scored); accepted drafts per root:
+    #   r0: rows 0, 1, 2 all right and on the greedy path -> 3
+    #   r1: rows 1, 2; depth 2 (row 3) would read token 4 = 99, not the accepted draft 13 -> 2
+    #   r2: its first draft is wrong -> 0
+    #   r3: the root itself reads token 4 = 99 (verified context may be anything); rows 3, 4, 5 right -> 3
+    #   r4: row 4 right, depth 1 (row 5) wrong -> 1
+    #   r5: rows 5, 6; row 7 has no target -> 2
+    #   r6: row 6 -> 1
+    assert m["roots"] == 7
+    assert m["accepted_per_proposal"] == pytest.approx(12 / 7)
+    assert m["alpha1"] == pytest.approx(6 / 7)
+    assert m["alpha_by_depth"] == pytest.approx([6 / 7, 4 / 6, 2 / 4])
+    assert m["tokens_per_pass"] == pytest.approx(1 + 12 / 7)
+
+
+# --------------------------------------------------------------------------------------- data pieces
+
+
+def test_draft_vocab_is_the_most_frequent_predicted_tokens_plus_the_end_ids():
+    # (tokens, first scored target position): the predicted tokens are tokens[start + 1:]
+    seqs = [([0, 9, 3, 3, 3, 4, 4, 5], 1),  # 3 x3, 4 x2, 5 x1 (9 is the prompt's)
+            ([0, 7, 5], 1)]  # 5: now 5 and 4 tie at 2
+    d2t, t2d, coverage = et.choose_draft_vocab(seqs, 12, 3, end_ids=[1])
+    assert (torch.arange(3) + d2t).tolist() == [1, 3, 4]  # EOS, then 3 and 4 (5 ties 4 on count, loses on id)
+    assert t2d.nonzero().flatten().tolist() == [1, 3, 4]
+    assert coverage == pytest.approx(5 / 7)
+    d2t, t2d, coverage = et.choose_draft_vocab(seqs, 12, None, end_ids=[1])
+    assert d2t.tolist() == [0] * 12 and bool(t2d.all()) and coverage == 1.0
+
+
+def test_chat_prompts_are_encoded_as_the_runtime_encodes_them():
+    tok = make_tokenizer(vocab=280)
+    assert et._encode_prompt(tok, "hi", chat=True) == tok("hi").input_ids  # no template: plain encoding
+    tok.chat_template = CHAT_TEMPLATE
+    ids = et._encode_prompt(tok, "hi", chat=True)
+    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id  # the template's BOS, not a second
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
+    """Generation records taps, the last hidden state and the argmax from its own incremental passes; they
+    match one full forward over the finished sequence, and the cached log-probs are the target's logits at
+    the draft ids, renormalised over the draft vocabulary."""
+    from specrt.export.loading import load_causal_lm
+
+    model = load_causal_lm(str(target), "float32")
+    taps = (1, 2, 3)
+    prompt = [0, 70, 71, 72]
+    (q,) = et._continue(model, prompt, 1, 20, 0.0, [1], torch.Generator(), taps)
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([q.tokens]), output_hidden_states=True)
+    want = torch.cat([full.hidden_states[i] for i in taps], -1)[0]
+    torch.testing.assert_close(q.taps.float(), want, rtol=1e-2, atol=2e-3)  # fp16 storage
+    gen = slice(len(prompt) - 1, len(q.tokens) - 1)
+    assert q.top1[gen].tolist() == full.logits[0, gen].argmax(-1).tolist() == q.tokens[len(prompt):]  # greedy path
+
+    targets = torch.tensor([1, 5, 70, 71, 72, 73, 100, 200])
+    c = et._cache([q], model.get_output_embeddings(), targets, 32, 8, [1], lambda *a: None, 0, 1)
+    m = len(q.tokens)
+    scored = et._scored(c)[0, :m]
+    assert scored.tolist() == [False] * (len(prompt) - 1) + [True] * (m - len(prompt) + 1)
+    logp = torch.log_softmax(full.logits[0][:, targets], -1)  # k = D here: the whole row
+    got = torch.full_like(logp, float("-inf")).scatter(-1, c.ids[0, :m].long(), c.logp[0, :m].float())
+    torch.testing.assert_close(got[scored], logp[scored], rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("bad", [
+    {"steps": 0}, {"steps": True}, {"steps": 2.5}, {"lr": 0.0}, {"lr": 1.5}, {"lr": float("nan")},
+    {"batch_size": 0}, {"ttt_steps": 0}, {"ttt_steps": 17}, {"seq_len": 5}, {"draft_vocab": 0}, {"seed": -1},
+    {"heldout_fraction": 0.0}, {"heldout_fraction": 1.0}, {"checkpoint_every": 0}, {"num_sequences": 0},
+    {"temperature": -0.1}, {"topk": 0}, {"loss_decay": 0.0}, {"loss_decay": 1.5}, {"grad_clip": 0.0},
+    {"data_format": "xml"}, {"dtype": "int8"}, {"chat_template": "yes"},
+])
+def test_bad_config_values_raise_a_config_error(bad):
+    with pytest.raises(ConfigError):
+        EagleTrainConfig(**bad)
+
+
+def test_bad_inputs_are_refused_before_training(target, tmp_path):
+    with pytest.raises(ModelLoadError, match="never downloads"):
+        train_eagle(tmp_path / "nowhere", tmp_path / "head", SMALL, prompts=PROMPTS)
+    with pytest.raises(ConfigError, match="at least two"):
+        train_eagle(target, tmp_path / "head", SMALL, prompts=["only one"])
+    with pytest.raises(ConfigError):
+        train_eagle(target, tmp_path / "head", SMALL, prompts=["ok", ""])
+    assert not (tmp_path / "head").exists()  # nothing written, not even the work folder
+
+
+def test_text_files_are_documents_per_file_or_per_line(tmp_path):
+    (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text("# notes\n")
+    files = [tmp_path / "a.txt", tmp_path / "docs"]
+    assert et._documents(files, "chunks") == ["first line\n\nsecond line\n", "# notes\n"]
+    assert et._documents(files, "lines") == ["first line", "second line", "# notes"]
+    with pytest.raises(ConfigError):
+        et._documents([tmp_path / "missing.txt"], "chunks")
+
+
+# ------------------------------------------------------------------------------------ end-to-end runs
+
+
+def test_training_reduces_the_loss_and_writes_a_loadable_head(trained, target):
+    from transformers import AutoConfig
+
+    out, record, _ = trained
+    history = record["loss"]["history"]
+    assert len(history) == SMALL.steps
+    assert sum(history[-5:]) < sum(history[:5])
+    assert record["heldout"]["kl"] < record["heldout_init"]["kl"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training.json"]
+    assert json.loads((out / "training.json").read_text()) == record
+
+    cfg, head, d2t, t2d = load_eagle3(out, AutoConfig.from_pretrained(target))
+    assert cfg.draft_vocab_size == record["draft_vocab_size"] <= SMALL.draft_vocab
+    assert cfg.taps == (1, 2, 3)  # a 4-layer target: explicit taps, recorded in the head's config
+    draft_targets = torch.arange(cfg.draft_vocab_size) + d2t
+    assert bool((draft_targets[1:] > draft_targets[:-1]).all())  # ascending, as the runtime needs
+    assert t2d.nonzero().flatten().tolist() == draft_targets.tolist()
+    assert all(bool(t2d[i]) for i in record["end_ids"])
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch.float16
+    assert head.embed_tokens is None  # the target's frozen table, not a copy
+    data = record["data"]
+    assert data["documents"] == 3 and data["text_windows"] >= 3  # a line longer than seq_len makes two
+    assert data["sequences_train"] > 0 and data["sequences_heldout"] > 0 and data["cache_bytes"] > 0
+    assert record["config"]["steps"] == SMALL.steps and record["time_s"]["train"] > 0
+
+
+def test_heldout_acceptance_figures(trained):
+    _, record, _ = trained
+    for key in ("heldout_init", "heldout"):
+        m = record[key]
+        assert m["roots"] > 0 and m["depth"] == SMALL.ttt_steps
+        assert all(0 <= a <= 1 for a in [m["alpha1"], m["acceptance_rate"], *m["alpha_by_depth"]])
+        assert 0 <= m["accepted_per_proposal"] <= SMALL.ttt_steps
+        assert m["tokens_per_pass"] == pytest.approx(1 + m["accepted_per_proposal"])
+
+
+def test_progress_reports_every_phase_and_step(trained):
+    _, _, calls = trained
+    assert calls[0][0] == "generate"
+    assert {c[0] for c in calls} == {"generate", "cache", "train", "evaluate"}
+    steps = [c for c in calls if c[0] == "train"]
+    assert [c[1] for c in steps] == list(range(1, SMALL.steps + 1))
+    assert all(c[2] == SMALL.steps and isinstance(c[3], float) for c in steps)
+
+
+def test_a_head_for_a_repeating_target_learns_it(pattern_target, tmp_path):
+    cfg = replace(SMALL, steps=40, draft_vocab=None)
+    record = train_eagle(pattern_target, tmp_path / "head", cfg, prompts=PROMPTS)
+    assert record["draft_vocab_size"] == 288  # no reduction: d2t all zero
+    before, after = record["heldout_init"], record["heldout"]
+    assert after["alpha1"] > before["alpha1"] + 0.2
+    assert after["tokens_per_pass"] > before["tokens_per_pass"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at(step: int):
+    def progress(phase, done, total, loss):
+        if phase == "train" and done == step:
+            raise _Stop
+
+    return progress
+
+
+def test_resume_continues_and_ends_where_an_uninterrupted_run_does(target, tmp_path, trained):
+    cfg = replace(SMALL, steps=20, checkpoint_every=5)
+    whole = train_eagle(target, tmp_path / "whole", cfg, prompts=PROMPTS)
+
+    out = tmp_path / "resumed"
+    shutil.copytree(trained[0], out)  # an earlier head there must survive an interrupted run untouched
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(_Stop):
+        train_eagle(target, out, cfg, prompts=PROMPTS, progress=_stop_at(12))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not list(out.rglob("*.tmp"))
+    assert torch.load(out / et.WORK_DIR / et.CHECKPOINT_NAME, weights_only=True)["step"] == 10
+
+    with pytest.raises(ConfigError, match="other data or settings"):  # another optimisation: not resumable
+        train_eagle(target, out, replace(cfg, lr=1e-3), prompts=PROMPTS, resume=True)
+    with pytest.raises(ConfigError, match="another target, data"):
+        train_eagle(target, out, replace(cfg, seed=1), prompts=PROMPTS, resume=True)
+
+    calls = []
+    resumed = train_eagle(target, out, replace(cfg, checkpoint_every=7), prompts=PROMPTS,
+                          progress=lambda *a: calls.append(a), resume=True)
+    train_calls = [c for c in calls if c[0] == "train"]
+    assert train_calls[0] == ("train", 10, 20, None) and train_calls[1][1] == 11
+    assert "generate" not in {c[0] for c in calls}  # the cache was reused
+    assert resumed["resumed_from"] == 10 and whole["resumed_from"] is None
+    assert resumed["loss"]["history"] == whole["loss"]["history"]
+    assert resumed["heldout"] == whole["heldout"]
+    a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (out / et.WORK_DIR).exists()
+
+
+def test_a_fresh_run_ignores_a_stale_checkpoint(target, tmp_path):
+    cfg = replace(SMALL, steps=6, checkpoint_every=2)
+    with pytest.raises(_Stop):
+        train_eagle(target, tmp_path / "head", cfg, prompts=PROMPTS, progress=_stop_at(5))
+    record = train_eagle(target, tmp_path / "head", cfg, prompts=PROMPTS)  # resume=False: starts over
+    assert record["resumed_from"] is None and len(record["loss"]["history"]) == 6
