@@ -89,7 +89,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
       specrt bench --bundle bundle --methods none,draft --roofline --energy
       specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
       specrt bench --bundle bundle-int4 --compare ortgenai,hf
-      specrt bench --bundle smollm2 --chat --prompts benchmarks/chat-heldout.json --methods none,eagle
+      specrt bench --bundle smollm2 --chat --prompts benchmarks/prompts/chat-heldout.json --methods none,eagle
     """
     from rich.console import Console
 

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 def prompts(kind: str = "code") -> list[str]:
     """The prompt sets that ship with specrt: "code", "prose", "all" (code and prose: what the quality gates
     and bench read) or "chat" (user messages for an instruct model, the seeds EAGLE-3 training generates
-    replies to; benchmarks/chat-heldout.json holds ones it never saw)."""
+    replies to; benchmarks/prompts/chat-heldout.json holds ones it never saw)."""
     data = json.loads(resources.files(__name__).joinpath("prompts.json").read_text())
     if kind == "all":
         return data["code"] + data["prose"]
