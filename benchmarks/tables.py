@@ -181,6 +181,7 @@ table("demo-cpu-peers", "demo-cpu.json")(peers)
 table("demo-int4-cpu", "demo-int4-cpu.json")(versus_peer)
 table("demo-int4-cpu-full", "demo-int4-cpu.json")(bench_table)
 table("demo-int4-cpu-roofline", "demo-int4-cpu.json")(roofline)
+table("smollm2-eagle-cpu", "smollm2-eagle-cpu.json")(bench_table)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
