@@ -31,7 +31,7 @@ _EAGLE12_ARCHITECTURES = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle"}
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 BIN_NAME = "pytorch_model.bin"
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def tap_layers(num_layers: int) -> tuple[int, int, int]:
@@ -588,12 +588,12 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
     lands by rename, so a failure leaves no half-written head."""
     from safetensors.torch import save_file
 
-    if dtype not in _DTYPES:
-        raise EagleHeadError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise EagleHeadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if head.cfg != cfg:
         raise EagleHeadError("the head was built from another config than the one given to save_eagle3")
     d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
-    state = {k: v.detach().to("cpu", _DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
+    state = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
     state["d2t"], state["t2d"] = d2t.contiguous(), t2d.contiguous()
 
     folder = Path(path)

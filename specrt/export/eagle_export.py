@@ -298,14 +298,9 @@ def reference_head(head: Eagle3Head, embedding: torch.Tensor | None, cases: Head
 
 def onnx_head(path: Path, dims: C.ModelDims, dtype: str, tap_width: int, cases: HeadCases) -> dict[str, dict]:
     """The head graph's outputs per case on ONNX Runtime, its own prefill's K/V and hidden reused."""
-    import onnxruntime as ort
+    from .parity import parity_session
 
-    from ..runtime.backends.onnxruntime import low_memory_options
-
-    options = ort.SessionOptions()
-    disabled = low_memory_options(options)
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                   disabled_optimizers=disabled)
+    session = parity_session(path)
     names = [o.name for o in session.get_outputs()]
     np_dtype = np.dtype(dtype)
     empty = np.zeros((1, 0, dims.num_kv_heads, dims.head_dim), np_dtype)

@@ -15,14 +15,12 @@ token j+2).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
 import json
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,23 +29,33 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ModelLoadError, OutputPathError
-from .eagle import Eagle3Config, Eagle3Head, draft_to_target_ids, save_eagle3, tap_layers
+from .eagle import (
+    DTYPES,
+    Eagle3Config,
+    Eagle3Head,
+    draft_to_target_ids,
+    save_eagle3,
+    tap_layers,
+)
+from .eagle_data import (
+    Progress,
+    SequenceCache,
+    data_fingerprint,
+    load_or_build,
+    read_documents,
+    save_atomic,
+    scored_rows,
+    target_end_ids,
+)
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed when training ends
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
-_SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_GEN_BATCH = 16  # continuations of one prompt sampled together (one KV cache, no padding)
-_MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
 # Fields that change neither the data nor the optimisation: a resumed run may set them differently.
 _RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype")
 
-# progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
-# (steps; loss is the step's weighted TTT loss, None on the call that announces a resumed start) or
-# "evaluate" (held-out batches). Raising from it stops training; the last checkpoint stays resumable.
-Progress = Callable[[str, int, int, float | None], None]
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -110,8 +118,8 @@ class EagleTrainConfig:
                 raise ConfigError(f"eagle train: {name} must be true or false, got {getattr(self, name)!r}")
         if self.data_format not in ("chunks", "lines"):
             raise ConfigError(f"eagle train: data_format must be 'chunks' or 'lines', got {self.data_format!r}")
-        if self.dtype not in _SAVE_DTYPES:
-            raise ConfigError(f"eagle train: dtype must be one of {', '.join(_SAVE_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"eagle train: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     @property
     def warmup_steps(self) -> int:
@@ -164,305 +172,6 @@ def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, dept
     return logits
 
 
-# -------------------------------------------------------------------------------------------- the cache
-
-
-@dataclass
-class SequenceCache:
-    """The target's view of N sequences, padded to T, computed once and reused every epoch.
-
-    tokens int32 [N, T]; length int32 [N] (real tokens); start int32 [N]: the first scored target
-    position (the prompt's last position for a continuation: its distribution predicts the first generated
-    token; 1 for a text window); stop int32 [N]: one past the last scored position (length, or length - 1
-    when the sequence ends with an end id); taps fp16 [N, T, 3·H_t]: output_hidden_states at the taps,
-    concatenated in tap order; logp fp16 [N, T, k] and ids int32 [N, T, k]: the target's top-k
-    log-probabilities over the draft vocabulary (log_softmax of its logits at the draft ids' target ids)
-    and their draft ids, descending; top1 int32 [N, T]: the target's argmax over the FULL vocabulary (a
-    target id: what greedy verification accepts).
-    """
-
-    tokens: torch.Tensor
-    length: torch.Tensor
-    start: torch.Tensor
-    stop: torch.Tensor
-    taps: torch.Tensor
-    logp: torch.Tensor
-    ids: torch.Tensor
-    top1: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def batch(self, index: Sequence[int]) -> SequenceCache:
-        """Rows ``index``, cut to their longest sequence."""
-        idx = torch.as_tensor(list(index), dtype=torch.long)
-        t = int(self.length[idx].max())
-        return SequenceCache(**{name: (v[idx, :t] if v.dim() > 1 else v[idx]) for name, v in vars(self).items()})
-
-    def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in vars(self).values())
-
-
-def _end_ids(source: str, config: Any, tok: Any) -> list[int]:
-    from .loading import load_generation_config
-
-    ids: set[int] = set()
-    gen = load_generation_config(source)
-    for value in (getattr(gen, "eos_token_id", None), getattr(config, "eos_token_id", None), tok.eos_token_id):
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
-    return sorted(ids)
-
-
-def _encode_prompt(tok: Any, prompt: str, chat: bool) -> list[int]:
-    """The prompt as the runtime encodes it: chat-templated text with its BOS rule, or plain encoding."""
-    if not (chat and getattr(tok, "chat_template", None)):
-        return tok(prompt).input_ids
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                   tokenize=False)
-    ids = tok(text, add_special_tokens=False).input_ids
-    bos = tok.bos_token_id
-    if bos is not None and tok("x").input_ids[:1] == [bos] and ids[:1] != [bos]:
-        ids = [bos] + ids
-    return ids
-
-
-def _forward_kwargs(model: Any, cache: Any) -> dict:
-    """transformers renamed past_key_values to cache (5.2x) and num_logits_to_keep to logits_to_keep."""
-    params = inspect.signature(model.forward).parameters
-    kwargs = {"cache" if "cache" in params else "past_key_values": cache, "use_cache": True}
-    if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = 1
-    return kwargs
-
-
-@dataclass
-class _Seq:
-    """One sequence as the target saw it, before the draft vocabulary is known."""
-
-    tokens: list[int]
-    start: int  # the first scored target position
-    taps: torch.Tensor  # [len, 3·H_t] fp16
-    final: torch.Tensor  # [len, H_t] fp32: the target's last hidden state, its LM head's input
-    top1: torch.Tensor  # [len] int32: the target's argmax over the full vocabulary
-
-
-def _states(out: Any, taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(taps fp16 [B, T, 3·H_t], final fp32 [B, T, H_t]) from an output_hidden_states forward. The last of
-    HF's hidden_states is after the final norm: what the LM head reads."""
-    return torch.cat([out.hidden_states[i] for i in taps], dim=-1).half(), out.hidden_states[-1].float()
-
-
-@torch.no_grad()
-def _continue(model: Any, prompt: list[int], n: int, max_len: int, temperature: float, end_ids: list[int],
-              gen: torch.Generator, taps: Sequence[int]) -> list[_Seq]:
-    """``n`` continuations of ``prompt`` up to ``max_len`` tokens in all, each cut after its first end id, with
-    the target's taps, last hidden state and argmax at every position, from the generating passes
-    themselves (as the runtime's incremental passes compute them): no second forward over the data."""
-    from transformers import DynamicCache
-
-    kwargs = {**_forward_kwargs(model, DynamicCache()), "output_hidden_states": True}
-    seqs = torch.tensor([prompt] * n)
-    ends = torch.tensor(end_ids or [-1])
-    out = model(input_ids=seqs, **kwargs)
-    first_taps, first_final = _states(out, taps)
-    tap_parts, final_parts = [first_taps], [first_final]
-    top1 = torch.zeros(n, len(prompt), dtype=torch.int32)  # prompt positions but the last are never scored
-    top1[:, -1] = out.logits[:, -1].argmax(-1)
-    top1_parts = [top1]
-    done = torch.zeros(n, dtype=torch.bool)
-    while seqs.shape[1] < max_len and not bool(done.all()):
-        logits = out.logits[:, -1].float()
-        if temperature == 0:
-            nxt = logits.argmax(-1)
-        else:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
-        seqs = torch.cat([seqs, nxt[:, None]], dim=1)
-        done |= torch.isin(nxt, ends)
-        if bool(done.all()):
-            break  # no row needs the states at its end id: nothing after it is scored
-        out = model(input_ids=nxt[:, None], **kwargs)
-        for parts, part in zip((tap_parts, final_parts), _states(out, taps)):
-            parts.append(part)
-        top1_parts.append(out.logits[:, -1:].argmax(-1).int())
-    tap_all, final_all, top1_all = (torch.cat(parts, dim=1) for parts in (tap_parts, final_parts, top1_parts))
-    result = []
-    for r, row in enumerate(seqs.tolist()):
-        cut = next((i + 1 for i, x in enumerate(row[len(prompt):]) if x in end_ids), len(row) - len(prompt))
-        m = len(prompt) + cut
-        have = min(m, tap_all.shape[1])  # an end id that closed the batch has no states (never read)
-        pad = (0, 0, 0, m - have)
-        result.append(_Seq(row[:m], len(prompt) - 1, F.pad(tap_all[r, :have], pad),
-                           F.pad(final_all[r, :have], pad), F.pad(top1_all[r, :have], (0, m - have))))
-    return result
-
-
-@torch.no_grad()
-def _teacher_forced(model: Any, windows: list[list[int]], taps: Sequence[int], batch_size: int) -> list[_Seq]:
-    """Text windows as they are: one forward each (right-padded in batches: a causal target's real positions
-    never see the padding)."""
-    result = []
-    for lo in range(0, len(windows), batch_size):
-        group = windows[lo:lo + batch_size]
-        m = max(len(w) for w in group)
-        ids = torch.tensor([w + [0] * (m - len(w)) for w in group])
-        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        tap_all, final_all = _states(out, taps)
-        top1 = out.logits.argmax(-1).int()
-        result += [_Seq(w, 1, tap_all[i, :len(w)], final_all[i, :len(w)], top1[i, :len(w)])
-                   for i, w in enumerate(group)]
-    return result
-
-
-def _documents(data_files: Sequence[str | os.PathLike], data_format: str) -> list[str]:
-    from .medusa import read_texts
-
-    docs: list[str] = []
-    for path in data_files:
-        for text in read_texts(Path(path)):
-            docs.extend([line for line in text.splitlines() if line.strip()] if data_format == "lines" else [text])
-    return docs
-
-
-def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Group indices → (train, held out): at least one of each, about ``fraction`` held out."""
-    if n < 2:
-        raise ConfigError(f"eagle train needs at least two prompts or text documents (one is held out to measure "
-                          f"acceptance); got {n}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    held = min(n - 1, max(1, round(n * fraction)))
-    return sorted(order[held:]), sorted(order[:held])
-
-
-def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
-                     end_ids: list[int], taps: Sequence[int], progress: Progress
-                     ) -> tuple[list[_Seq], list[_Seq], dict]:
-    """Whole prompts and documents are held out, so no held-out sequence shares a prefix with a training one.
-    Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation
-    each, the runtime's greedy chain exactly."""
-    groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs]
-    train_groups, held_list = _split(len(groups), cfg.heldout_fraction, cfg.seed)
-    held_groups = set(held_list)
-    encoded: dict[int, list[int]] = {}
-    for i, (kind, text) in enumerate(groups):
-        if kind == "prompt":
-            ids = _encode_prompt(tok, text, cfg.chat_template)
-            if len(ids) + 1 < cfg.seq_len:  # else no room for a continuation: skipped
-                encoded[i] = ids
-    train_prompts = [i for i in train_groups if i in encoded]
-    per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
-    jobs = [(i, min(_GEN_BATCH, per_prompt - k), cfg.temperature) for i in train_prompts
-            for k in range(0, per_prompt, _GEN_BATCH)] + [(i, 1, 0.0) for i in held_list if i in encoded]
-    total = sum(n for _, n, _ in jobs)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    train: list[_Seq] = []
-    held: list[_Seq] = []
-    done = 0
-    for i, n, temperature in jobs:
-        (held if i in held_groups else train).extend(
-            _continue(model, encoded[i], n, cfg.seq_len, temperature, end_ids, gen, taps))
-        done += n
-        progress("generate", done, total, None)
-    windows: dict[bool, list[list[int]]] = {False: [], True: []}
-    for i, (kind, text) in enumerate(groups):
-        if kind == "doc":
-            ids = tok(text).input_ids
-            windows[i in held_groups] += [ids[k:k + cfg.seq_len] for k in range(0, len(ids), cfg.seq_len)
-                                          if len(ids) - k >= _MIN_WINDOW]
-    train += _teacher_forced(model, windows[False], taps, cfg.batch_size)
-    held += _teacher_forced(model, windows[True], taps, cfg.batch_size)
-    skipped = len(prompts) - len(encoded)
-    if not train or not held:
-        raise ConfigError("eagle train: no training or no held-out sequences remain (prompts that leave no room "
-                          f"in seq_len {cfg.seq_len} are skipped: {skipped} were)")
-    info = {"prompts": len(prompts), "documents": len(docs), "prompts_skipped": skipped,
-            "prompts_train": len(train_prompts), "prompts_heldout": sum(1 for i in held_list if i in encoded),
-            "documents_heldout": sum(1 for i in held_list if groups[i][0] == "doc"),
-            "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt}
-    return train, held, info
-
-
-def choose_draft_vocab(sequences: Sequence[tuple[Sequence[int], int]], vocab_size: int, n: int | None,
-                       end_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """EAGLE-3's draft vocabulary (traineagle3/cnets.py:664-676): the ``n`` most frequent tokens the training
-    ``sequences`` ((tokens, first scored target position) pairs) predict, ties to the lower id, plus the end
-    ids, sorted ascending; d2t[i] = used[i] - i. Returns (d2t int64 [D], t2d bool [V], the fraction of
-    predicted tokens the vocabulary covers)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for tokens, start in sequences:
-        counts += torch.bincount(torch.tensor(list(tokens[start + 1:]), dtype=torch.long), minlength=vocab_size)
-    if n is None or n >= vocab_size:
-        used = torch.arange(vocab_size)
-    else:
-        order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first on ties
-        seen = order[counts[order] > 0]
-        ends = torch.tensor(sorted(set(end_ids)), dtype=torch.long)
-        rest = seen[~torch.isin(seen, ends)][:max(0, n - len(ends))]
-        used = torch.cat([ends, rest]).unique()  # sorted ascending
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[used] = True
-    coverage = float(counts[used].sum()) / max(1, int(counts.sum()))
-    return used - torch.arange(len(used)), t2d, coverage
-
-
-@torch.no_grad()
-def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, seq_len: int, topk: int,
-           end_ids: list[int], progress: Progress, done: int, total: int) -> SequenceCache:
-    """Pads ``seqs`` into a SequenceCache; the draft-vocab log-probabilities are the target's own logits at the
-    draft ids' target ids (its LM head on its last hidden state), computed on scored positions only."""
-    n, width = len(seqs), seqs[0].taps.shape[-1]
-    k = min(topk, len(targets))
-    weight = lm_head.weight[targets].float()  # [D, H_t]
-    bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[targets].float()
-    c = SequenceCache(tokens=torch.zeros(n, seq_len, dtype=torch.int32), length=torch.zeros(n, dtype=torch.int32),
-                      start=torch.tensor([q.start for q in seqs], dtype=torch.int32),
-                      stop=torch.zeros(n, dtype=torch.int32), taps=torch.zeros(n, seq_len, width, dtype=torch.float16),
-                      logp=torch.zeros(n, seq_len, k, dtype=torch.float16),
-                      ids=torch.zeros(n, seq_len, k, dtype=torch.int32),
-                      top1=torch.zeros(n, seq_len, dtype=torch.int32))
-    for i, q in enumerate(seqs):
-        m = len(q.tokens)
-        c.tokens[i, :m] = torch.tensor(q.tokens, dtype=torch.int32)
-        c.length[i] = m
-        c.stop[i] = m - 1 if q.tokens[-1] in end_ids else m
-        c.taps[i, :m], c.top1[i, :m] = q.taps, q.top1
-        lo, hi = max(1, q.start), int(c.stop[i])
-        if hi > lo:
-            logits = F.linear(q.final[lo:hi], weight, bias)
-            top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
-            c.logp[i, lo:hi], c.ids[i, lo:hi] = top.values.half(), top.indices.int()
-        if i == 0:
-            _check_lm_head(q, lm_head)
-        seqs[i] = None  # consumed: its fp32 states are freed as the cache fills
-        progress("cache", done + i + 1, total, None)
-    return c
-
-
-def _check_lm_head(q: _Seq, lm_head: torch.nn.Module) -> None:
-    """The cache's logits come from the LM head on the last hidden state; refuse a target where that is not
-    its argmax (a logit scale or soft-cap between the two)."""
-    lo, hi = max(1, q.start), len(q.tokens) - 1
-    if hi <= lo:
-        return
-    logits = lm_head(q.final[lo:hi].to(lm_head.weight.dtype)).float()
-    best = logits.gather(-1, q.top1[lo:hi, None].long())[:, 0]
-    if not bool((best >= logits.max(-1).values - 1e-3).all()):
-        raise ConfigError("this target's logits are not its LM head applied to its last hidden state; "
-                          "eagle train cannot restrict them to a draft vocabulary")
-
-
-def _scored(c: SequenceCache) -> torch.Tensor:
-    """[N, T] bool: target position t is scored (start <= t < stop, t >= 1)."""
-    t = torch.arange(c.tokens.shape[1])[None]
-    return (t >= c.start[:, None].clamp_min(1)) & (t < c.stop[:, None])
-
-
-def _topk_mass(c: SequenceCache) -> float:
-    mass = c.logp.float().exp().sum(-1)
-    keep = _scored(c)
-    return float(mass[keep].mean()) if bool(keep.any()) else 1.0
-
-
 # ------------------------------------------------------------------------------------ loss and metrics
 
 
@@ -487,7 +196,7 @@ def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: Seque
     target position j+1 is scored and whose target argmax has a draft id (EAGLE-3's position_mask)."""
     embeds = embed[F.pad(b.tokens[:, 1:].long(), (0, 1))]  # row j reads token j+1 (the last row: padding)
     logits = ttt_forward(head, b.taps.float(), embeds, depth)
-    target_ok = F.pad((_scored(b) & t2d[b.top1.long()])[:, 1:], (0, 1))  # row j: target position j+1
+    target_ok = F.pad((scored_rows(b) & t2d[b.top1.long()])[:, 1:], (0, 1))  # row j: target position j+1
     logp, ids = F.pad(b.logp[:, 1:], (0, 0, 0, 1)), F.pad(b.ids[:, 1:], (0, 0, 0, 1))
     row = torch.arange(b.tokens.shape[1])[None]
     return logits, [_kl(lg, logp, ids, target_ok & (row >= s)) for s, lg in enumerate(logits)]
@@ -520,7 +229,7 @@ def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torc
             kl_rows[s] += rows
         top1 = b.top1.long()
         nxt = F.pad(top1[:, 1:], (0, 1), value=-1)  # row j's target: the argmax at position j+1
-        scored = F.pad(_scored(b)[:, 1:], (0, 1))  # row j: target position j+1 is scored
+        scored = F.pad(scored_rows(b)[:, 1:], (0, 1))  # row j: target position j+1 is scored
         on_path = F.pad(b.tokens[:, 1:].long() == top1[:, :-1], (0, 1))  # token j+1 == the argmax at j
         alive = scored.clone()  # indexed by root r
         roots += int(alive.sum())
@@ -575,39 +284,11 @@ def _new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, train_cfg: E
 def _saved_copy(head: Eagle3Head, dtype: str) -> Eagle3Head:
     """The head as ``save_eagle3`` will write it (weights rounded to ``dtype``), computing in fp32."""
     copy = Eagle3Head(head.cfg)
-    copy.load_state_dict({k: v.to(_SAVE_DTYPES[dtype]).float() for k, v in head.state_dict().items()})
+    copy.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in head.state_dict().items()})
     return copy.eval()
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
-
-
-def _save_atomic(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OutputPathError(f"could not write {path}: {e}") from None
-
-
-def _fingerprint(source: str, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str]) -> str:
-    """What the cache depends on: the target's config, tokenizer and weights' identity, the data and its
-    settings."""
-    h = hashlib.sha256()
-    folder = Path(source)
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        if (folder / name).is_file():
-            h.update(name.encode() + (folder / name).read_bytes())
-    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        st = weights.stat()
-        h.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    data_fields = {k: v for k, v in asdict(cfg).items()
-                   if k in ("seq_len", "draft_vocab", "seed", "heldout_fraction", "num_sequences", "temperature",
-                            "topk", "chat_template", "data_format")}
-    h.update(json.dumps([data_fields, list(prompts), list(docs)]).encode())
-    return h.hexdigest()
+# ------------------------------------------------------------------------------------------ the record
 
 
 def _training_fields(cfg: EagleTrainConfig) -> dict:
@@ -620,38 +301,6 @@ def _versions() -> dict[str, str]:
     import transformers
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def _data(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
-          prompts: Sequence[str], docs: Sequence[str], end_ids: list[int], taps: Sequence[int],
-          report: Progress) -> dict:
-    """The run's cache: read back when resuming, else generated, cached and saved (atomically) at ``path``."""
-    if resume and path.is_file():
-        cached = torch.load(path, weights_only=True)
-        if cached["fingerprint"] != fingerprint:
-            raise ConfigError(f"{path.parent} holds a cache of another target, data or data settings; train "
-                              "without resume to start over")
-        return cached
-    t0 = time.perf_counter()
-    train_seqs, held_seqs, info = _build_sequences(model, tok, cfg, prompts, docs, end_ids, taps, report)
-    times = {"generate": time.perf_counter() - t0}
-    d2t, t2d, coverage = choose_draft_vocab([(q.tokens, q.start) for q in train_seqs], model.config.vocab_size,
-                                            cfg.draft_vocab, end_ids)
-    targets = torch.arange(len(d2t)) + d2t
-    t0 = time.perf_counter()
-    n_train, total = len(train_seqs), len(train_seqs) + len(held_seqs)
-    head = model.get_output_embeddings()
-    train = _cache(train_seqs, head, targets, cfg.seq_len, cfg.topk, end_ids, report, 0, total)
-    held = _cache(held_seqs, head, targets, cfg.seq_len, cfg.topk, end_ids, report, n_train, total)
-    times["cache"] = time.perf_counter() - t0
-    info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
-    cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
-              "info": info, "times": times}
-    _save_atomic(cached, path)
-    return cached
-
-
-# ------------------------------------------------------------------------------------------ entry point
 
 
 def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -705,19 +354,19 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     target_config = load_config(str(source))
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
-    docs = _documents(data_files, cfg.data_format)
-    fingerprint = _fingerprint(str(source), cfg, prompts, docs)
+    docs = read_documents(data_files, cfg.data_format)
+    fingerprint = data_fingerprint(str(source), cfg, prompts, docs)
     work = out / WORK_DIR
     if not resume and work.exists():
         shutil.rmtree(work)  # only specrt's own work folder: a fresh run starts from nothing
 
     model = load_causal_lm(str(source), "float32")
     model.requires_grad_(False)
-    end_ids = _end_ids(str(source), target_config, tok)
+    end_ids = target_end_ids(str(source), target_config, tok)
     taps = tap_layers(target_config.num_hidden_layers)
 
     with torch.random.fork_rng(devices=[]):
-        cached = _data(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps, report)
+        cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps, report)
         d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
         train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
         targets = torch.arange(len(d2t)) + d2t
@@ -760,7 +409,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             train_s += time.perf_counter() - t0
             history.append([float(v.detach()) for v in losses])
             if (step + 1) % cfg.checkpoint_every == 0:
-                _save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
+                save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
                               "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
                               "history": history, "train_s": train_s, "init": heldout_init},
                              work / CHECKPOINT_NAME)
@@ -780,7 +429,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         "draft_vocab_size": len(d2t),
         "data": {**cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),
                  "tokens_train": int(train.length.sum()), "tokens_heldout": int(held.length.sum()),
-                 "scored_train": int(_scored(train).sum()), "scored_heldout": int(_scored(held).sum()),
+                 "scored_train": int(scored_rows(train).sum()), "scored_heldout": int(scored_rows(held).sum()),
                  "cache_bytes": train.nbytes() + held.nbytes()},
         "loss": {"weights": weights, "first": sum(w * v for w, v in zip(weights, history[0])),
                  "last": sum(w * v for w, v in zip(weights, history[-1])),
@@ -833,7 +482,12 @@ class _Sampler:
 def rich_progress() -> Iterator[Progress]:
     """A ``progress`` callback drawing one rich bar per phase on stderr (for the CLI)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
     from rich.progress import Progress as Bar
 
     with Bar(TextColumn("{task.description:9}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),

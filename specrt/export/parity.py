@@ -119,11 +119,6 @@ def reference_outputs(model: torch.nn.Module, cases: ParityCases, taps: tuple[in
                     "tree": np.stack([t[1][-1] for t in tree]), "far": far_taps}
 
 
-def reference_logits(model: torch.nn.Module, cases: ParityCases) -> dict[str, np.ndarray]:
-    """Hugging Face's own fp32 logits for every case (rows in the order the graph produces them)."""
-    return reference_outputs(model, cases)[0]
-
-
 def compare_states(ref: np.ndarray, got: np.ndarray, width: int) -> dict[str, float]:
     """``abs`` and ``rel`` of hidden states [..., k * width] against ``ref``, the relative error of each
     ``width``-wide slice of a row measured against that slice's own scale (bundle.parity.row_scale): tap
@@ -133,17 +128,22 @@ def compare_states(ref: np.ndarray, got: np.ndarray, width: int) -> dict[str, fl
     return {"abs": float(diff.max()), "rel": float((diff.max(axis=-1) / row_scale(ref)).max())}
 
 
+def parity_session(path: Path):
+    """The ONNX Runtime CPU session a parity check runs a graph in.
+
+    A few calls, checked once: the runtime's low-memory session, no second copy of the weights (Llama-3.2-1B
+    fp16, one prefill: 7.8 GB peak -> 4.5 GB; without the arena the transient fp32 copies go back to the OS:
+    the five cases on that model 3.5 -> 1.7 GB anonymous memory, 10 -> 14 s)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    disabled = low_memory_options(options)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+
+
 class _OrtDecoder:
     def __init__(self, path: Path, dims: C.ModelDims, dtype: str) -> None:
-        import onnxruntime as ort
-
-        # A few calls, checked once: the runtime's low-memory session, no second copy of the weights
-        # (Llama-3.2-1B fp16, one prefill: 7.8 GB peak -> 4.5 GB; without the arena the transient fp32
-        # copies go back to the OS: the five cases on that model 3.5 -> 1.7 GB anonymous memory, 10 -> 14 s).
-        options = ort.SessionOptions()
-        disabled = low_memory_options(options)
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=disabled)
+        self.session = parity_session(path)
         self.dims, self.np_dtype = dims, np.dtype(dtype)
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
@@ -185,15 +185,10 @@ def onnx_outputs(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCa
     return logits, (None if pre_taps is None else {case: r[2] for case, r in runs.items()})
 
 
-def onnx_logits(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases) -> dict[str, np.ndarray]:
-    """The exported graph's logits for every case, each called the way the runtime calls it."""
-    return onnx_outputs(onnx_path, dims, dtype, cases)[0]
-
-
 def check_parity(reference: dict[str, np.ndarray], cases: ParityCases, onnx_path: Path, dims: C.ModelDims,
                  dtype: str, tolerance: ParityTolerance | None = None,
                  taps_reference: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
-    """Compare the graph with :func:`reference_logits`: per case ``abs``, ``rel``, ``kl``, ``top1``.
+    """Compare the graph with :func:`reference_outputs`' logits: per case ``abs``, ``rel``, ``kl``, ``top1``.
 
     With ``taps_reference`` (:func:`reference_outputs`' hidden states), the graph's ``eagle_taps`` are
     compared too, each tap against its own scale, and held to the same relative tolerance: per case

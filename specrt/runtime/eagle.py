@@ -42,7 +42,7 @@ class EagleDrafter:
 
     def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int) -> None:
         self.head, self.target, self.vocab_map, self.vocab = head, target, vocab_map, vocab
-        self._features = np.zeros((1, head.decoder.entry.dims.hidden_size), np.float32)
+        self._width = head.decoder.entry.dims.hidden_size
         self._no_taps = np.zeros((1, head.decoder.entry.tap_width), np.float32)
         self._final = 0  # head rows computed from the target's taps
 
@@ -61,7 +61,7 @@ class EagleDrafter:
         m = len(tokens)
         taps = self.target.taps_at(done, m - 1)
         rows = head.feed(tokens[done + 1:], sampling, extra={
-            C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((len(taps), self._features.shape[1]), np.float32)})
+            C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((len(taps), self._width), np.float32)})
         drafted, dists = [], []
         for i in range(gamma):
             q = to_target(rows[0], self.vocab_map, self.vocab)

@@ -1,4 +1,4 @@
-"""Training EAGLE-3 heads (specrt/export/eagle_train.py): the training-time-test mask against the runtime's
+"""Training EAGLE-3 heads (specrt/export/eagle_train.py, its data in eagle_data.py): the training-time-test mask against the runtime's
 chain, the loss, the acceptance measure, and short end-to-end runs on tiny targets (seconds each)."""
 
 from __future__ import annotations
@@ -13,9 +13,16 @@ from safetensors.torch import load_file
 from support.models import CHAT_TEMPLATE, make_tokenizer, save_model
 
 from specrt.errors import ConfigError, ModelLoadError
+from specrt.export import eagle_data as ed
 from specrt.export import eagle_train as et
 from specrt.export.eagle import Eagle3Config, Eagle3Head, load_eagle3
-from specrt.export.eagle_train import EagleTrainConfig, SequenceCache, train_eagle, ttt_forward, ttt_mask
+from specrt.export.eagle_train import (
+    EagleTrainConfig,
+    SequenceCache,
+    train_eagle,
+    ttt_forward,
+    ttt_mask,
+)
 
 PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
            "print(i)", "return n"]
@@ -177,19 +184,19 @@ def test_draft_vocab_is_the_most_frequent_predicted_tokens_plus_the_end_ids():
     # (tokens, first scored target position): the predicted tokens are tokens[start + 1:]
     seqs = [([0, 9, 3, 3, 3, 4, 4, 5], 1),  # 3 x3, 4 x2, 5 x1 (9 is the prompt's)
             ([0, 7, 5], 1)]  # 5: now 5 and 4 tie at 2
-    d2t, t2d, coverage = et.choose_draft_vocab(seqs, 12, 3, end_ids=[1])
+    d2t, t2d, coverage = ed.choose_draft_vocab(seqs, 12, 3, end_ids=[1])
     assert (torch.arange(3) + d2t).tolist() == [1, 3, 4]  # EOS, then 3 and 4 (5 ties 4 on count, loses on id)
     assert t2d.nonzero().flatten().tolist() == [1, 3, 4]
     assert coverage == pytest.approx(5 / 7)
-    d2t, t2d, coverage = et.choose_draft_vocab(seqs, 12, None, end_ids=[1])
+    d2t, t2d, coverage = ed.choose_draft_vocab(seqs, 12, None, end_ids=[1])
     assert d2t.tolist() == [0] * 12 and bool(t2d.all()) and coverage == 1.0
 
 
 def test_chat_prompts_are_encoded_as_the_runtime_encodes_them():
     tok = make_tokenizer(vocab=280)
-    assert et._encode_prompt(tok, "hi", chat=True) == tok("hi").input_ids  # no template: plain encoding
+    assert ed._encode_prompt(tok, "hi", chat=True) == tok("hi").input_ids  # no template: plain encoding
     tok.chat_template = CHAT_TEMPLATE
-    ids = et._encode_prompt(tok, "hi", chat=True)
+    ids = ed._encode_prompt(tok, "hi", chat=True)
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id  # the template's BOS, not a second
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
 
@@ -203,7 +210,7 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     model = load_causal_lm(str(target), "float32")
     taps = (1, 2, 3)
     prompt = [0, 70, 71, 72]
-    (q,) = et._continue(model, prompt, 1, 20, 0.0, [1], torch.Generator(), taps)
+    (q,) = ed._continue(model, prompt, 1, 20, 0.0, [1], torch.Generator(), taps)
     with torch.no_grad():
         full = model(input_ids=torch.tensor([q.tokens]), output_hidden_states=True)
     want = torch.cat([full.hidden_states[i] for i in taps], -1)[0]
@@ -212,9 +219,9 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     assert q.top1[gen].tolist() == full.logits[0, gen].argmax(-1).tolist() == q.tokens[len(prompt):]  # greedy path
 
     targets = torch.tensor([1, 5, 70, 71, 72, 73, 100, 200])
-    c = et._cache([q], model.get_output_embeddings(), targets, 32, 8, [1], lambda *a: None, 0, 1)
+    c = ed._cache([q], model.get_output_embeddings(), targets, 32, 8, [1], lambda *a: None, 0, 1)
     m = len(q.tokens)
-    scored = et._scored(c)[0, :m]
+    scored = ed.scored_rows(c)[0, :m]
     assert scored.tolist() == [False] * (len(prompt) - 1) + [True] * (m - len(prompt) + 1)
     logp = torch.log_softmax(full.logits[0][:, targets], -1)  # k = D here: the whole row
     got = torch.full_like(logp, float("-inf")).scatter(-1, c.ids[0, :m].long(), c.logp[0, :m].float())
@@ -248,10 +255,10 @@ def test_text_files_are_documents_per_file_or_per_line(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "b.md").write_text("# notes\n")
     files = [tmp_path / "a.txt", tmp_path / "docs"]
-    assert et._documents(files, "chunks") == ["first line\n\nsecond line\n", "# notes\n"]
-    assert et._documents(files, "lines") == ["first line", "second line", "# notes"]
+    assert ed.read_documents(files, "chunks") == ["first line\n\nsecond line\n", "# notes\n"]
+    assert ed.read_documents(files, "lines") == ["first line", "second line", "# notes"]
     with pytest.raises(ConfigError):
-        et._documents([tmp_path / "missing.txt"], "chunks")
+        ed.read_documents([tmp_path / "missing.txt"], "chunks")
 
 
 # ------------------------------------------------------------------------------------ end-to-end runs

@@ -23,7 +23,7 @@ from specrt.errors import (
 )
 from specrt.export import bundle as bundle_mod
 from specrt.export.bundle import ExportOptions, export_bundle
-from specrt.export.parity import ParityCases, check_parity, reference_logits
+from specrt.export.parity import ParityCases, check_parity, reference_outputs
 from specrt.runtime.backends import create_decoder
 from specrt.runtime.masks import causal_mask
 
@@ -113,14 +113,14 @@ def test_parity_check_fails_beyond_tolerance(pairs, bundles):
     m = load_manifest(bundles["llama"])
     cases = ParityCases.draw(300, m.max_context)
     path = bundles["llama"] / "target.onnx"
-    reference = reference_logits(hf, cases)
+    reference, _ = reference_outputs(hf, cases)
     with pytest.raises(ParityError, match="differs from PyTorch"):
         check_parity(reference, cases, path, m.target.dims, "float32", tolerance=ParityTolerance(1e-12, 1.0))
     # A graph that no longer matches its model (one weight changed) is caught at the default tolerance.
     with torch.no_grad():
         hf.model.layers[0].mlp.down_proj.weight.mul_(1.5)
     with pytest.raises(ParityError):
-        check_parity(reference_logits(hf, cases), cases, path, m.target.dims, "float32")
+        check_parity(reference_outputs(hf, cases)[0], cases, path, m.target.dims, "float32")
 
 
 # ---- errors: each a typed error with a one-line message; nothing half-written is left behind ----

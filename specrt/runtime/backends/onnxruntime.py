@@ -182,7 +182,8 @@ class OrtDecoder:
         self._logits = np.empty((1, 0, 0 if self.summary else entry.dims.vocab_size), np.float32)
         self._hidden = np.empty((1, 0, entry.dims.hidden_size), self.kv_dtype)
         # A target exported for an EAGLE-3 head also outputs the hidden states its head reads.
-        self._taps = np.empty((1, 0, entry.tap_width), self.kv_dtype) if entry.kind == "decoder" else None
+        self._taps = np.empty((1, 0, entry.tap_width), self.kv_dtype) if entry.kind == "decoder" and entry.tap_width \
+            else None
 
     supports_eagle = True
 
@@ -235,7 +236,7 @@ class OrtDecoder:
             self._bind(C.LOGITS, logits, output=True)
         self._bind(C.HIDDEN, hidden, output=True)
         outputs = {}
-        if self._taps is not None and self.entry.tap_width:
+        if self._taps is not None:
             outputs[C.EAGLE_TAPS] = self._taps[:, :q_len]
             self._bind(C.EAGLE_TAPS, outputs[C.EAGLE_TAPS], output=True)
         self.session.run_with_iobinding(b)
