@@ -26,8 +26,8 @@ from .options import (
               show_default=True, help="Which shipped prompt set to use when --prompts is not given.")
 @click.option("--chat", "chat", is_flag=True,
               help="Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
-@click.option("--methods", default="none,draft,tree,ngram", show_default=True,
-              help="Comma-separated; must include none.")
+@click.option("--methods", help="Comma-separated; must include none [default: none and every method the bundle "
+                               "holds: eagle, draft and tree where it has a head or a draft model, and ngram].")
 @tree_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
@@ -62,7 +62,8 @@ from .options import (
               help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
                    "(whichever this machine reports; which are missing is said, not an error).")
 @low_memory_option
-def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str, tree_shape: str,
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str | None,
+          tree_shape: str,
           max_new_tokens: int, repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_cache: str | None,
@@ -96,20 +97,28 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     from .. import load
     from ..data import prompts as builtin_prompts
     from ..measure.bandwidth import Bandwidth
-    from ..measure.bench import BenchConfig, make_peers, read_prompts, run_bench
+    from ..measure.bench import (
+        BenchConfig,
+        default_methods,
+        make_peers,
+        read_prompts,
+        run_bench,
+    )
     from ..measure.peers import parse_kinds
     from ..measure.probes import energy_meter, roofline_bandwidth
     from ..measure.report import print_bench
     from ..runtime.tree import TreeShape
 
     kinds = parse_kinds(compare)
-    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                      max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature,
-                      top_k=top_k, top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline,
-                      chat=chat)
+    options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, temperature=temperature, top_k=top_k,
+                   top_p=top_p, tree=TreeShape.parse(tree_shape), greedy_baseline=greedy_baseline, chat=chat)
+    if methods is not None:  # checked before loading; the default needs the bundle
+        cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
     gen = load(bundle, threads=threads, low_memory=low_memory)
+    if methods is None:
+        cfg = BenchConfig(methods=default_methods(gen), **options)
     notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
     with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
         peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,

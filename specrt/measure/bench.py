@@ -27,6 +27,13 @@ from .energy import per_token as energy_per_token
 from .peers import COUNTING, Peer, PeerRun
 
 
+def default_methods(gen: SpeculativeGenerator) -> tuple[str, ...]:
+    """What ``specrt bench`` measures unless told: plain decoding and every method the bundle can run (its
+    EAGLE-3 head; its draft model's chain and tree; prompt lookup, which needs no model)."""
+    return (("none",) + (("eagle",) if gen.manifest.eagle is not None else ())
+            + (("draft", "tree") if gen.manifest.draft is not None else ()) + ("ngram",))
+
+
 def read_prompts(path: str | Path) -> list[str]:
     """A JSON list of strings, or a text file with one prompt per line (\\n escapes allowed)."""
     p = Path(path)

@@ -116,3 +116,18 @@ def test_bench_chat_renders_each_prompt_as_a_users_message(chat_bundle, monkeypa
     assert res["config"]["chat"] is True
     chat_ids = gen.encode_chat([{"role": "user", "content": "hi"}])
     assert chat_ids != gen.encode("hi") and seen and all(ids == chat_ids for ids in seen)
+
+
+def test_bench_measures_what_the_bundle_holds_unless_told(generator, chat_bundle, tmp_path):
+    """The default --methods fits the bundle: a target-only one gets none and ngram, not a draft it lacks."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.measure.bench import default_methods
+
+    assert default_methods(generator) == ("none", "draft", "tree", "ngram")
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeats", "1",
+                                    "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert list(json.loads(out.read_text())["methods"]) == ["none", "ngram"]
