@@ -101,9 +101,15 @@ class Server:
                 raise AssertionError(f"timed out waiting for {what}; health: {self.health()}")
             time.sleep(0.05)
 
+    def terminate(self) -> None:
+        """SIGTERM once: the server's graceful stop. A second one while it drains would be a forced stop."""
+        if not getattr(self, "_terminated", False):
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -495,7 +501,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path, demo_gen):
     conn = open_stream(s, {"model": DEMO, "prompt": "import os", "max_tokens": 120, "temperature": 0})
     resp = conn.getresponse()
     assert resp.status == 200
-    s.proc.send_signal(signal.SIGTERM)
+    s.terminate()
     events = read_events(resp)
     assert events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == demo_gen.generate(
@@ -509,7 +515,7 @@ def test_sigterm_cancels_what_outlasts_the_drain_timeout(tmp_path):
     resp = conn.getresponse()
     assert resp.status == 200
     t0 = time.monotonic()
-    s.proc.send_signal(signal.SIGTERM)
+    s.terminate()
     events = read_events(resp)
     assert "[DONE]" not in events  # cut off, not finished
     _stopped_cleanly(s)
