@@ -53,7 +53,7 @@ def parse_gamma(ctx: click.Context, param: click.Parameter, value: str) -> int |
 
 # --- options shared by several commands ------------------------------------------------------------------------
 
-METHODS = ("auto", "eagle", "draft", "tree", "medusa", "ngram", "none")
+METHODS = ("auto", "eagle", "eagle-tree", "draft", "tree", "medusa", "ngram", "none")
 BITS = {"int4": 4, "int8": 8}
 
 
@@ -67,8 +67,12 @@ bundle_option = click.option(
 gamma_option = click.option(
     "--gamma", default="4", show_default=True, callback=parse_gamma,
     help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c.")
-tree_option = click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
-                           help="Tree shape of the tree method: children per node at each depth.")
+tree_option = combine(
+    click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
+                 help="Tree shape of the tree method: children per node at each depth."),
+    click.option("--eagle-tree", default="4,4,16", show_default=True, metavar="TOPK,DEPTH,NODES",
+                 help="The eagle-tree method's dynamic tree (EAGLE-2): the TOPK best nodes of each level get their "
+                      "TOPK likeliest children, DEPTH levels deep; the NODES best in all are verified."))
 sampling_options = combine(
     click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
     click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
@@ -91,7 +95,7 @@ def method_option(lead: str = "") -> Callable:
     return click.option(
         "--method", type=click.Choice(METHODS), default="auto", show_default=True,
         help=lead + "auto: the best the bundle holds (eagle, else draft, else ngram); eagle: a chain from the "
-                    "bundle's EAGLE-3 head; draft: a chain from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
+                    "bundle's EAGLE-3 head; eagle-tree: a dynamic tree from that head (EAGLE-2, --eagle-tree); draft: a chain from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
                     "medusa: the bundle's Medusa heads; ngram: prompt lookup, no model; none: plain decoding.")
 
 

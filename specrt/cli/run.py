@@ -49,7 +49,7 @@ from .options import (
 @threads_option
 @low_memory_option
 def run(prompt: str | None, chat_message: str | None, system_message: str | None, bundle: str | None, method: str,
-        acceptance: str, tree_shape: str, gamma: int | str, max_new_tokens: int, temperature: float, top_k: int,
+        acceptance: str, tree_shape: str, eagle_tree: str, gamma: int | str, max_new_tokens: int, temperature: float, top_k: int,
         top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool, backend: str,
         threads: int | None, low_memory: bool | None) -> None:
     """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout. With --chat
@@ -80,7 +80,8 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
     else:
         stream = functools.partial(gen.stream, prompt)
     options = DecodeOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance)
+                            seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance,
+                            eagle_tree=eagle_tree)
     pieces = stream(options)
     if as_json:
         result = pieces.result
@@ -128,7 +129,8 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @low_memory_option
-def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, tree_shape: str, max_queue: int,
+def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, tree_shape: str, eagle_tree: str,
+          max_queue: int,
           api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
           threads: int | None, log_level: str, low_memory: bool | None) -> None:
     """Serve the bundle with OpenAI's HTTP API (needs `pip install 'specrt[serve]'`).
@@ -159,7 +161,8 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         missing = (e.name or "a dependency").split(".")[0]  # the package to install, not its submodule
         raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
                                    "pip install 'specrt[serve]'") from None
-    config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, max_queue=max_queue,
+    config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, eagle_tree=eagle_tree,
+                         max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)
     gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory)

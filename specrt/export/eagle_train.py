@@ -480,7 +480,8 @@ class _Sampler:
 
 @contextlib.contextmanager
 def rich_progress() -> Iterator[Progress]:
-    """A ``progress`` callback drawing one rich bar per phase on stderr (for the CLI)."""
+    """A ``progress`` callback drawing one rich bar per phase on stderr (for the CLI); where stderr is not a
+    terminal (a log file, CI), one line per phase at every tenth of it instead, with the time so far."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -490,8 +491,12 @@ def rich_progress() -> Iterator[Progress]:
     )
     from rich.progress import Progress as Bar
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _log_lines(console)
+        return
     with Bar(TextColumn("{task.description:9}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-             TimeRemainingColumn(), console=Console(stderr=True)) as bar:
+             TimeRemainingColumn(), console=console) as bar:
         tasks: dict[str, Any] = {}
 
         def update(phase: str, done: int, total: int, loss: float | None) -> None:
@@ -501,3 +506,17 @@ def rich_progress() -> Iterator[Progress]:
                        **({"loss": f"loss {loss:.4f}"} if loss is not None else {}))
 
         yield update
+
+
+def _log_lines(console: Any) -> Progress:
+    start, shown = time.perf_counter(), {}
+
+    def update(phase: str, done: int, total: int, loss: float | None) -> None:
+        tenth = 10 * done // max(total, 1)
+        if shown.get(phase) == tenth:
+            return
+        shown[phase] = tenth
+        note = f", loss {loss:.4f}" if loss is not None else ""
+        console.print(f"{phase}: {done}/{total}{note} ({time.perf_counter() - start:.0f} s)", highlight=False)
+
+    return update

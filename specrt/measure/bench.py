@@ -17,10 +17,11 @@ import numpy as np
 
 from .. import theory
 from ..errors import ConfigError
+from ..runtime.drafters import proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
-from ..runtime.tree import TreeShape
+from ..runtime.tree import DynamicTree, TreeShape
 from . import roofline
 from .bandwidth import Bandwidth
 from .energy import per_token as energy_per_token
@@ -30,7 +31,7 @@ from .peers import COUNTING, Peer, PeerRun
 def default_methods(gen: SpeculativeGenerator) -> tuple[str, ...]:
     """What ``specrt bench`` measures unless told: plain decoding and every method the bundle can run (its
     EAGLE-3 head; its draft model's chain and tree; prompt lookup, which needs no model)."""
-    return (("none",) + (("eagle",) if gen.manifest.eagle is not None else ())
+    return (("none",) + (("eagle", "eagle-tree") if gen.manifest.eagle is not None else ())
             + (("draft", "tree") if gen.manifest.draft is not None else ()) + ("ngram",))
 
 
@@ -60,6 +61,7 @@ class BenchConfig:
     top_k: int = 0
     top_p: float = 1.0
     tree: TreeShape = TreeShape()
+    eagle_tree: DynamicTree = DynamicTree()
     seed: int = 0  # repeat r samples with seed + r
     # With sampling: also greedy plain decoding in every repeat, right beside the sampled none run, so
     # that what sampling costs is a ratio measured in one run (separate runs drift apart on a busy machine).
@@ -77,7 +79,8 @@ class BenchConfig:
     def options(self, method: str, repeat: int) -> DecodeOptions:
         """What ``method`` decodes with in repeat ``repeat`` (its seed: seed + repeat)."""
         return DecodeOptions(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                             top_p=self.top_p, seed=self.seed + repeat, method=method, gamma=self.gamma, tree=self.tree)
+                             top_p=self.top_p, seed=self.seed + repeat, method=method, gamma=self.gamma, tree=self.tree,
+                             eagle_tree=self.eagle_tree)
 
 
 def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
@@ -121,7 +124,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             peer_runs[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
     costs = model_costs(gen)
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
-                         "gamma": cfg.gamma, "tree": list(cfg.tree.widths), "temperature": cfg.temperature,
+                         "gamma": cfg.gamma, "tree": list(cfg.tree.widths),
+                         "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
                          "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts), "chat": cfg.chat,
                          "vocab": gen.manifest.target.dims.vocab_size,
                          "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
@@ -141,7 +145,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
         row["verify_cost"] = row["target_pass_ms"] / decode_ms
         gamma = round(row["mean_gamma"])
-        if row["alpha"] is not None and gamma and method != "tree":
+        if row["alpha"] is not None and gamma and not proposes_trees(method):
             row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
             row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
                                                  / (gamma * row["c"] + row["verify_cost"]))

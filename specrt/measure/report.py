@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..runtime.drafters import proposes_trees
 from ..runtime.stats import GenerationStats
 
 
@@ -21,7 +22,7 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
     t.add_row("new tokens", str(st.new_tokens), f"{st.target_passes} target passes, {st.draft_passes} draft passes")
     t.add_row("tokens per target pass", _fmt(st.tokens_per_target_pass, ".2f"), "plain decoding = 1.00")
     if st.drafted:
-        tree = st.method in ("tree", "medusa")
+        tree = proposes_trees(st.method)
         t.add_row("acceptance (accepted/drafted)", _fmt(st.acceptance_rate), f"{st.accepted}/{st.drafted}"
                   + (" tree nodes" if tree else ""))
         if st.alpha_estimate is not None:

@@ -74,6 +74,13 @@ class CachedModel:
                                f"[{self.taps_start}, {self.taps_start + (0 if self.taps is None else len(self.taps))})")
         return self.taps[start - self.taps_start:stop - self.taps_start]
 
+    def compact(self, start: int, keep: list[int]) -> None:
+        """Keep the entries at ``start + keep[j]`` as ``start + j`` (a tree's accepted path), taps included."""
+        self.cache.compact(start, keep)
+        if self.taps is not None and start >= self.taps_start:
+            src = start - self.taps_start + np.asarray(keep, np.int64)
+            self.taps = np.concatenate([self.taps[:start - self.taps_start], self.taps[src]])
+
     @property
     def copied_bytes(self) -> int:
         """Device-to-host bytes of every pass so far, including rows copied up after the pass."""

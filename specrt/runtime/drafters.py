@@ -33,6 +33,11 @@ class Drafter(Protocol):
 METHODS: dict[str, type[Drafter]] = {}
 
 
+def proposes_trees(method: str) -> bool:
+    """Whether ``method`` verifies a token tree (its "gamma" is nodes per pass, not a chain's length)."""
+    return method in METHODS and METHODS[method].proposes_trees
+
+
 def register_method(name: str):
     def deco(cls):
         METHODS[name] = cls
@@ -191,8 +196,9 @@ class TreeDrafter(ModelDrafter):
 
 
 # Registered here so that every method lives in one table; the classes are in medusa.py and eagle.py.
-from .eagle import EagleDrafter  # noqa: E402
+from .eagle import EagleDrafter, EagleTreeDrafter  # noqa: E402
 from .medusa import MedusaDrafter  # noqa: E402
 
 register_method("medusa")(MedusaDrafter)
 register_method("eagle")(EagleDrafter)
+register_method("eagle-tree")(EagleTreeDrafter)

@@ -20,7 +20,9 @@ from ..bundle import contract as C
 from .cached import CachedModel
 from .dist import Dist
 from .proposal import DrafterContext, Proposal
+from .rows import LogitRows
 from .sampling import SamplingConfig
+from .tree import DynamicTree, TokenTree, select_nodes
 
 
 def to_target(q: Dist, vocab_map: np.ndarray, vocab: int) -> Dist:
@@ -53,25 +55,90 @@ class EagleDrafter:
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         pass  # the first proposal's catch-up runs the prompt's rows, once its next token is known
 
+    def _catch_up(self, tokens: list[int], sampling: SamplingConfig) -> LogitRows:
+        """Rows done .. m-2 (tokens[done+1:], with the target's taps done .. m-2); the last predicts tokens[m]."""
+        head, done, m = self.head, self.head.cache.length, len(tokens)
+        taps = self.target.taps_at(done, m - 1)
+        self._final = m - 1  # rows with the target's taps; the rest are dropped at rollback
+        return head.feed(tokens[done + 1:], sampling, extra={
+            C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((len(taps), self._width), np.float32)})
+
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         if gamma == 0:
             return Proposal([], [])
-        head, done = self.head, self.head.cache.length
-        # Catch-up: rows done .. m-2 (tokens[done+1:], target taps done .. m-2); the last predicts tokens[m].
-        m = len(tokens)
-        taps = self.target.taps_at(done, m - 1)
-        rows = head.feed(tokens[done + 1:], sampling, extra={
-            C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((len(taps), self._width), np.float32)})
+        rows = self._catch_up(tokens, sampling)
         drafted, dists = [], []
         for i in range(gamma):
             q = to_target(rows[0], self.vocab_map, self.vocab)
             drafted.append(q.sample(rng))
             dists.append(q)
             if i + 1 < gamma:  # a deeper row: the head's own output of the row before stands in for the taps
-                rows = head.feed(drafted[-1:], sampling, extra={
-                    C.EAGLE_TAPS: self._no_taps, C.EAGLE_FEATURES: head.hidden[-1:]})
-        self._final = m - 1  # rows with the target's taps; the rest are dropped at rollback
+                rows = self.head.feed(drafted[-1:], sampling, extra={
+                    C.EAGLE_TAPS: self._no_taps, C.EAGLE_FEATURES: self.head.hidden[-1:]})
         return Proposal(drafted, dists, passes=gamma)
 
     def rollback(self, valid: int) -> None:
         self.head.cache.truncate(min(self.head.cache.length, self._final))
+
+
+class EagleTreeDrafter(EagleDrafter):
+    """EAGLE-2's dynamic tree from the same head (:class:`DynamicTree`): one head pass per level over the
+    level's ``topk`` best nodes, then the ``nodes`` best candidates overall go to the target's one pass.
+
+    The children are the head's top-k, chosen without looking at the target, so verification treats each
+    as a point-mass proposal and stays exact under sampling; greedy output equals plain decoding."""
+
+    proposes_trees: ClassVar[bool] = True
+
+    def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,
+                 shape: DynamicTree = DynamicTree()) -> None:
+        super().__init__(head, target, vocab_map, vocab)
+        self.shape = shape
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "EagleTreeDrafter":
+        return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab, ctx.eagle_tree)
+
+    def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
+                     hidden: np.ndarray | None = None) -> TokenTree:
+        topk, depth = self.shape.topk, min(self.shape.depth, max_depth)
+        if depth == 0:
+            return TokenTree([], [])
+        rows = self._catch_up(tokens, sampling)
+        head, context = self.head, self.head.cache.length
+        # Candidates in level order; fed: the expanded ones, in the order they entered the head's cache.
+        nodes: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        features = {-1: head.hidden[-1:]}  # node -> the head's output of the row its children came from
+        frontier, row_of, fed = [-1], {-1: len(rows) - 1}, {}
+        for level in range(depth):
+            level_start = len(nodes)
+            for parent in frontier:
+                ids, logp = rows.top_logprobs(row_of[parent], topk)
+                base = scores[parent] if parent >= 0 else 0.0
+                nodes += self.vocab_map[ids].tolist()
+                parents += [parent] * len(ids)
+                scores += (base + logp).tolist()
+            if level + 1 == depth:
+                break
+            frontier = sorted(range(level_start, len(nodes)), key=lambda i: (-scores[i], i))[:topk]
+            mask = np.zeros((len(frontier), head.cache.length + len(frontier)), bool)
+            mask[:, :context] = True
+            for r, node in enumerate(frontier):
+                mask[r, head.cache.length + r] = True
+                up = parents[node]
+                while up >= 0:  # every ancestor of an expanded node was expanded itself
+                    mask[r, fed[up]] = True
+                    up = parents[up]
+            fed.update((node, head.cache.length + r) for r, node in enumerate(frontier))
+            rows = head.run([nodes[i] for i in frontier], np.full(len(frontier), context + level, np.int64),
+                            mask[None, None], sampling, last=len(frontier), extra={
+                                C.EAGLE_TAPS: np.zeros((len(frontier), self._no_taps.shape[1]), np.float32),
+                                C.EAGLE_FEATURES: np.concatenate([features[parents[i]] for i in frontier])})
+            row_of = {node: r for r, node in enumerate(frontier)}
+            features.update((node, head.hidden[r:r + 1]) for r, node in enumerate(frontier))
+        keep = select_nodes(parents, scores, self.shape.nodes)
+        index = {old: new for new, old in enumerate(keep)}
+        return TokenTree([nodes[i] for i in keep], [index.get(parents[i], -1) for i in keep], passes=depth,
+                         points=True)

@@ -205,7 +205,8 @@ class SpeculativeGenerator:
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
                                         acceptance=opts.acceptance, target=self._models["target"],
-                                        eagle=self._models.get("eagle"), vocab_map=self._vocab_map))
+                                        eagle=self._models.get("eagle"), vocab_map=self._vocab_map,
+                                        eagle_tree=opts.eagle_tree))
 
     def _load_eagle(self, method: str) -> None:
         """The EAGLE-3 head's session, cache and vocabulary map, made on first use."""

@@ -78,7 +78,7 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
     else:
         path, next_token = verify_tree_sampled(p, tree, s.rng)
     # The accepted nodes sit at context_len + node index; move them into a contiguous run.
-    s.target.cache.compact(context_len, path)
+    s.target.compact(context_len, path)
     s.drafter.rollback(context_len)
     s.hidden = s.target.hidden[1 + path[-1] if path else 0]
     rows = [p[0]] + [p[1 + i] for i in path]

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .sampling import SamplingConfig
-from .tree import TreeShape
+from .tree import DynamicTree, TreeShape
 
 MAX_GAMMA = 64
 AUTO = "auto"  # the method: the best the bundle holds (SpeculativeGenerator.default_method)
@@ -20,7 +20,9 @@ ACCEPTANCE = ("exact", "typical")
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """``method``: "auto" (the best the bundle holds), "draft" (a chain of ``gamma`` draft-model tokens),
+    """``method``: "auto" (the best the bundle holds), "eagle" (a chain of ``gamma`` tokens from the bundle's
+    EAGLE-3 head), "eagle-tree" (EAGLE-2's dynamic tree from that head, shaped by ``eagle_tree``: top-k per
+    node, depth, nodes), "draft" (a chain of ``gamma`` draft-model tokens),
     "tree" (a draft-model token tree of shape ``tree``, children per depth), "medusa" (the bundle's Medusa
     heads and static tree), "ngram" (prompt lookup) or "none" (plain decoding). ``gamma``: drafted tokens
     per target pass, or "auto" (adapted from the measured α and c). temperature 0 is greedy; top_k 0 and
@@ -37,6 +39,7 @@ class DecodeOptions:
     stop: tuple[str, ...] = ()
     tree: TreeShape = field(default_factory=TreeShape)
     acceptance: str = "exact"
+    eagle_tree: DynamicTree = field(default_factory=DynamicTree)
 
     def __post_init__(self) -> None:
         # Accept the spellings callers have (a tree as "2,2,1,1" or widths, one stop string or a list) and
@@ -47,6 +50,12 @@ class DecodeOptions:
         elif not isinstance(tree, TreeShape):
             tree = TreeShape(tuple(tree))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        eagle_tree = self.eagle_tree
+        if isinstance(eagle_tree, str):
+            eagle_tree = DynamicTree.parse(eagle_tree)
+        elif not isinstance(eagle_tree, DynamicTree):
+            eagle_tree = DynamicTree(*eagle_tree)
+        object.__setattr__(self, "eagle_tree", eagle_tree)
         object.__setattr__(self, "tree", tree)
         object.__setattr__(self, "stop", stop)
         SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them

@@ -8,7 +8,7 @@ import numpy as np
 
 from .cached import CachedModel
 from .dist import Dist
-from .tree import TreeShape
+from .tree import DynamicTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class DrafterContext:
     target: CachedModel | None = None  # the target, whose taps an EAGLE-3 head reads
     eagle: CachedModel | None = None  # the EAGLE-3 head, loaded where the method needs it
     vocab_map: np.ndarray | None = None  # the head's draft ids -> target ids
+    eagle_tree: DynamicTree = DynamicTree()  # the shape of the EAGLE-2 tree (method eagle-tree)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,15 @@ class LogitRows:
             d = self._dists[i] = self._warp(i)
         return d
 
+    def top_logprobs(self, i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's ``n`` most likely ids and their log-probabilities under the plain softmax (temperature 1,
+        no truncation, whatever the sampling config): how a dynamic tree ranks candidates across rows."""
+        row = self._row(i)
+        ids = top_ids(row, n)
+        peak = float(row[ids[0]])
+        lse = peak + math.log(float(np.exp(row - peak, dtype=np.float64).sum()))
+        return ids, row[ids].astype(np.float64) - lse
+
     def top(self, i: int, n: int) -> list[int]:
         """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config), ties to the
         lower id."""

@@ -46,12 +46,60 @@ class TreeShape:
 
 
 @dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's tree, grown where the drafter is confident: at each of ``depth`` levels the ``topk`` best
+    nodes get their ``topk`` most likely children; the ``nodes`` best nodes overall (by the product of the
+    drafter's probabilities along their path) are verified. (4, 4, 16): 4 + 16 + 16 + 16 candidates, 16 kept."""
+
+    topk: int = 4
+    depth: int = 4
+    nodes: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "depth", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"dynamic tree {name} must be a positive integer, got {value!r}")
+        if self.nodes > MAX_TREE_NODES:
+            raise ConfigError(f"a dynamic tree of {self.nodes} nodes is too large; at most {MAX_TREE_NODES}")
+
+    @classmethod
+    def parse(cls, text: str) -> "DynamicTree":
+        try:
+            topk, depth, nodes = (int(x) for x in text.split(","))
+        except ValueError:
+            raise ConfigError(f"a dynamic tree must look like 4,4,16 (top-k per node, depth, nodes), got {text!r}"
+                              ) from None
+        return cls(topk, depth, nodes)
+
+    def __str__(self) -> str:
+        return f"{self.topk},{self.depth},{self.nodes}"
+
+
+def select_nodes(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:
+    """The ``n`` best-scoring nodes that form a tree (each one's parent kept too), ascending.
+
+    Scores are cumulative log-probabilities, so a child never outscores its parent and the best ``n`` by
+    (score, then index) already hold every kept node's parent; a node whose parent was not kept is passed
+    over all the same, so a caller's rounding can never detach a branch."""
+    kept: set[int] = set()
+    for i in sorted(range(len(parents)), key=lambda i: (-scores[i], i)):
+        if len(kept) == n:
+            break
+        if parents[i] < 0 or parents[i] in kept:
+            kept.add(i)
+    return sorted(kept)
+
+
+@dataclass(frozen=True)
 class TokenTree:
     tokens: list[int]
     parents: list[int]
     # parent index (-1 = root) -> the distribution its children were drawn from (sampling only)
     child_q: dict[int, Dist] = field(default_factory=dict)
     passes: int = 0  # draft-model forward passes spent building it
+    # Children chosen deterministically (a dynamic tree's top-k): each is a point-mass proposal, so no child_q
+    points: bool = False
 
     def children(self) -> dict[int, list[int]]:
         kids: dict[int, list[int]] = {-1: []}
@@ -83,18 +131,22 @@ def verify_tree_greedy(p: Sequence[Dist], tree: TokenTree) -> tuple[list[int], i
 
 def verify_tree_sampled(p: Sequence[Dist], tree: TokenTree, rng: np.random.Generator) -> tuple[list[int], int]:
     """SpecInfer's multi-step speculative sampling; exact when each node's children are i.i.d. draws
-    from ``tree.child_q[node]``. ``p[0]``: the root's row, ``p[1 + i]``: node i's.
+    from ``tree.child_q[node]``, or (``tree.points``) distinct tokens chosen without looking at the target.
+    ``p[0]``: the root's row, ``p[1 + i]``: node i's.
 
     At a node: try its children in order, accepting child x with probability min(1, p(x)/q(x)); after
     each rejection p becomes norm(max(0, p - q)). An accepted child becomes the node; when every child
-    is rejected (or a leaf was accepted) the next token is drawn from the current p.
+    is rejected (or a leaf was accepted) the next token is drawn from the current p. A point-mass child
+    is kept with probability p(x), and its rejection zeroes x in p and renormalises.
     """
     kids = tree.children()
     node, p_node, path = -1, p[0], []
     while kids[node]:
-        q = tree.child_q[node]
+        q = None if tree.points else tree.child_q[node]
         for child in kids[node]:
             x = tree.tokens[child]
+            if tree.points:
+                q = Dist.point(x, p_node.vocab)
             if rng.random() * q.prob(x) < p_node.prob(x):
                 path.append(child)
                 node, p_node = child, p[1 + child]

@@ -50,6 +50,7 @@ class ServeConfig:
     method: str = "auto"  # the best the bundle holds (SpeculativeGenerator.default_method)
     gamma: int | str = 4
     tree: str = "2,2,1,1"
+    eagle_tree: str = "4,4,16"
     max_queue: int = 16  # requests waiting for the generator, besides the one it runs
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
@@ -73,7 +74,7 @@ class ServeConfig:
     @property
     def options(self) -> DecodeOptions:
         """The decoding options every request shares; each request brings its own sampling, length and stops."""
-        return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree)
+        return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree, eagle_tree=self.eagle_tree)
 
 
 def model_id(gen: Any, config: ServeConfig) -> str:

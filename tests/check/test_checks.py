@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import onnx
 import pytest
@@ -16,6 +17,7 @@ from specrt.check.verify import (
     check_golden,
     check_greedy,
     check_sampling,
+    compare_to_exact,
 )
 from specrt.cli import main
 from specrt.measure.plan import plan_table
@@ -58,8 +60,20 @@ def test_greedy_and_sampling_checks_pass_on_an_exact_runtime(close):
     prompts = ["def fib(n):", "import os\n"]
     greedy, alpha, c = check_greedy(close, "draft", prompts, 24, 4)
     assert greedy.passed and 0 < alpha < 1 and c > 0
-    ch = check_sampling(close, "draft", prompts[0], samples=600, gamma=4)
-    assert ch.passed and ch.figures["outcomes"] <= 16
+    seen = []
+    ch = check_sampling(close, "draft", prompts[0], samples=300, gamma=4, on_sample=lambda: seen.append(1))
+    assert ch.passed and ch.figures["outcomes"] <= 16 and len(seen) == 300
+
+
+def test_the_sampling_check_catches_a_biased_sampler():
+    """A sampler that over-draws the likelier of two outcomes by 5 points fails at 2000 draws; the exact
+    frequencies pass, and an outcome the target cannot produce counts against it."""
+    exact = {(1,): 0.6, (2,): 0.4}
+    assert compare_to_exact("x", Counter({(1,): 1200, (2,): 800}), exact, "").passed
+    biased = compare_to_exact("x", Counter({(1,): 1300, (2,): 700}), exact, "")
+    assert not biased.passed and biased.figures["tv"] == pytest.approx(0.05)
+    impossible = compare_to_exact("x", Counter({(1,): 1100, (2,): 800, (3,): 100}), exact, "")
+    assert not impossible.passed and impossible.figures["outcomes"] == 3
 
 
 def test_shifted_draft_fails_the_draft_check(close_bundle, tmp_path):

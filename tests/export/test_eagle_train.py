@@ -368,3 +368,14 @@ def test_a_fresh_run_ignores_a_stale_checkpoint(target, tmp_path):
         train_eagle(target, tmp_path / "head", cfg, prompts=PROMPTS, progress=_stop_at(5))
     record = train_eagle(target, tmp_path / "head", cfg, prompts=PROMPTS)  # resume=False: starts over
     assert record["resumed_from"] is None and len(record["loss"]["history"]) == 6
+
+
+def test_progress_without_a_terminal_is_one_line_per_tenth(capsys):
+    """A run logged to a file (nohup, CI) must still say how far it is: rich draws nothing off a terminal."""
+    from specrt.export.eagle_train import rich_progress
+
+    with rich_progress() as update:
+        for i in range(101):
+            update("train", i, 100, 1.0)
+    err = capsys.readouterr().err
+    assert err.count("train:") == 11 and "train: 100/100, loss 1.0000" in err

@@ -130,9 +130,10 @@ def test_q_over_draft_ids_becomes_q_over_target_ids():
 
 @pytest.fixture(scope="module")
 def eagle_gen(tmp_path_factory):
+    from support.models import make_tokenizer, save_eagle_head, save_model
+
     import specrt
     from specrt.export.bundle import export_bundle
-    from support.models import make_tokenizer, save_eagle_head, save_model
 
     root = tmp_path_factory.mktemp("eagle-e2e")
     target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
@@ -159,9 +160,22 @@ def test_greedy_eagle_equals_plain_decoding(eagle_gen, gamma):
         assert spec.stats.draft_passes > 0
 
 
-def test_sampled_eagle_matches_the_target_distribution(eagle_gen):
+@pytest.mark.parametrize("shape", ["2,3,5", "4,4,16", "1,2,1"])
+def test_greedy_eagle_tree_equals_plain_decoding(eagle_gen, shape):
+    from support.exactness import PROMPTS
+
+    for prompt in PROMPTS:
+        plain = eagle_gen.generate(prompt, max_new_tokens=30, method="none")
+        spec = eagle_gen.generate(prompt, max_new_tokens=30, method="eagle-tree", eagle_tree=shape)
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.draft_passes > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
+def test_sampled_eagle_matches_the_target_distribution(eagle_gen, method):
     """A random head's q is far from p, so rejections and residual draws decide nearly every token: a
-    residual that leaks q's mass shows here. (Acceptances through the vocab map: the trained head's test.)"""
+    residual that leaks q's mass shows here. (Acceptances through the vocab map: the trained head's test.)
+    The tree's children are the head's top-k: point masses, each rejection zeroing one id of p."""
     from support.exactness import exact_sequence_distribution
 
     cfg = SamplingConfig(temperature=1.0, top_k=3)
@@ -170,8 +184,8 @@ def test_sampled_eagle_matches_the_target_distribution(eagle_gen):
     n = 1500
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(n):
-        out = eagle_gen.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method="eagle",
-                                 gamma=2)
+        out = eagle_gen.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method=method,
+                                 gamma=2, eagle_tree="2,2,4")
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
     assert set(counts) <= set(exact)
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
@@ -183,3 +197,71 @@ def test_eagle_on_a_bundle_without_a_head_is_one_line(generator):
 
     with pytest.raises(ConfigError, match="needs an EAGLE-3 head and this bundle has none"):
         generator.generate("x", method="eagle")
+
+
+# --- EAGLE-2 dynamic tree ---------------------------------------------------------------------------------------
+
+def test_dynamic_tree_expands_the_best_nodes_with_their_parents_rows():
+    from specrt.runtime.eagle import EagleTreeDrafter
+    from specrt.runtime.tree import DynamicTree
+
+    target = CachedModel(_Recorder("decoder", VOCAB), 64, VOCAB)
+    head = CachedModel(_Recorder("eagle3", DRAFT_VOCAB), 64, DRAFT_VOCAB)
+    drafter = EagleTreeDrafter(head, target, VOCAB_MAP, VOCAB, DynamicTree(topk=2, depth=3, nodes=5))
+    greedy = SamplingConfig()
+    prompt = [5, 6, 7, 8]
+    target.feed(prompt, greedy, last=1)
+    tree = drafter.propose_tree(prompt + [9], 8, greedy, np.random.default_rng(0))
+    catch_up, level1, level2 = head.decoder.calls
+    assert catch_up["pos"] == [0, 1, 2, 3]
+    # Level 1: the root's 2 children, each at the position after the root, reading the catch-up's last row
+    assert level1["pos"] == [4, 4] and level1["past"] == 4
+    assert (level1["extra"][C.EAGLE_FEATURES][:, 0] == -3).all() and not level1["extra"][C.EAGLE_TAPS].any()
+    # Level 2: the 2 best of the 4 grandchildren, reading their own parent's row (hidden -4: position 4)
+    assert level2["pos"] == [5, 5] and level2["past"] == 6
+    assert (level2["extra"][C.EAGLE_FEATURES][:, 0] == -4).all()
+    assert len(tree.tokens) == 5 and tree.points and tree.passes == 3
+    assert all(t in VOCAB_MAP for t in tree.tokens)
+    assert all(p < i for i, p in enumerate(tree.parents))  # level order: parents first
+    drafter.rollback(5)
+    assert head.cache.length == 4  # only the rows that read the target's taps survive
+
+
+def test_select_nodes_keeps_the_best_connected_subtree():
+    from specrt.runtime.tree import select_nodes
+
+    parents = [-1, -1, 0, 0, 1, 2]
+    scores = [-0.1, -0.5, -0.3, -2.0, -0.6, -0.4]
+    assert select_nodes(parents, scores, 4) == [0, 1, 2, 5]
+    assert select_nodes(parents, scores, 1) == [0]
+    # A child that (by rounding) outscores its parent is not kept without it
+    assert select_nodes([-1, -1, 1], [-0.1, -0.9, -0.2], 2) == [0, 1]
+
+
+def test_point_mass_tree_children_are_exact_under_sampling():
+    """Two fixed children of the root; the next token's distribution must be p whatever they are."""
+    from specrt.runtime.tree import TokenTree, verify_tree_sampled
+
+    p_root = Dist(None, np.array([0.5, 0.2, 0.2, 0.1]), 4)
+    leaf = Dist(None, np.array([0.25, 0.25, 0.25, 0.25]), 4)
+    tree = TokenTree([0, 2], [-1, -1], points=True)
+    rng = np.random.default_rng(0)
+    n = 40000
+    first = np.zeros(4)
+    for _ in range(n):
+        path, nxt = verify_tree_sampled([p_root, leaf, leaf], tree, rng)
+        first[tree.tokens[path[0]] if path else nxt] += 1
+    assert np.abs(first / n - p_root.dense()).max() < 0.01
+
+
+def test_verify_checks_the_eagle_chain_and_tree(eagle_gen):
+    from specrt.check.verify import verify_bundle
+
+    progress = []
+    checks = list(verify_bundle(eagle_gen, ["def f(x):", "import os\n"], samples=150, max_new_tokens=12,
+                                on_progress=lambda what, done, total: progress.append(what)))
+    names = [c.name for c in checks]
+    for method in ("eagle", "eagle-tree"):
+        assert f"greedy {method} == plain" in names and f"sampled {method} ~ target" in names
+    assert all(c.passed for c in checks if c.name.startswith(("greedy", "sampled", "target"))), checks
+    assert progress.count("sampling eagle") == 150 and progress.count("sampling eagle-tree") == 150
