@@ -39,6 +39,22 @@ def llama_bundle(bundles) -> Path:
 
 
 @pytest.fixture(scope="session")
+def eagle_bundle(tmp_path_factory) -> Path:
+    """A tiny llama target exported with a random EAGLE-3 head."""
+    from support.models import save_eagle_head
+
+    from specrt.export.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("eagle-e2e")
+    target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
+    # Most of the vocabulary, shuffled: q maps through a non-trivial vocab map and still lands on p's
+    # top ids often enough that acceptances happen too
+    head = save_eagle_head(root / "head", target, seed=3, draft_vocab=240, ascending=False)
+    export_bundle(str(target), None, root / "bundle", eagle=str(head))
+    return root / "bundle"
+
+
+@pytest.fixture(scope="session")
 def generator(llama_bundle):
     import specrt
 

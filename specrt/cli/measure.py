@@ -214,7 +214,13 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
     Each line prints as its check ends; a bar shows the sampled checks' draws.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from .. import load
     from ..check.verify import verify_bundle

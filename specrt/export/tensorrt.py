@@ -15,6 +15,8 @@ from typing import Callable
 
 from ..bundle.contract import (
     ATTENTION_MASK,
+    EAGLE_FEATURES,
+    EAGLE_TAPS,
     INPUT_IDS,
     POSITION_IDS,
     SUMMARY_ENGINE,
@@ -65,9 +67,13 @@ def profiles(entry: ModelEntry, opts: BuildOptions) -> list[dict[str, tuple[tupl
     d = entry.dims
     b = opts.max_batch
 
+    # An EAGLE-3 head also reads the target's taps and H-wide features, one row per new position.
+    rows = {EAGLE_TAPS: entry.tap_width, EAGLE_FEATURES: d.hidden_size} if entry.kind == "eagle3" else {}
+
     def profile(q: tuple[int, int, int], p: tuple[int, int, int]) -> dict:
         shapes = {INPUT_IDS: tuple((b, x) for x in q), POSITION_IDS: tuple((b, x) for x in q),
-                  ATTENTION_MASK: tuple((b, 1, x, y + x) for x, y in zip(q, p))}
+                  ATTENTION_MASK: tuple((b, 1, x, y + x) for x, y in zip(q, p)),
+                  **{name: tuple((b, x, width) for x in q) for name, width in rows.items()}}
         for i in range(d.num_layers):
             kv = tuple((b, y, d.num_kv_heads, d.head_dim) for y in p)
             shapes[f"past_key.{i}"] = kv
@@ -214,9 +220,6 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
     from ..bundle.manifest import load_manifest
 
     manifest = load_manifest(bundle)
-    if manifest.eagle is not None:
-        raise ConfigError(f"{bundle} has an EAGLE-3 head; `specrt build` does not build engines for it yet: "
-                          "export the bundle without --eagle for TensorRT")
     trt = require_tensorrt()
     from cuda.bindings import runtime as cudart
 

@@ -25,7 +25,7 @@ from specrt.bundle import contract as C
 from specrt.bundle.manifest import load_manifest
 from specrt.bundle.parity import PARITY_TOLERANCE
 from specrt.cli import main
-from specrt.errors import ConfigError, EagleHeadError, ParityError
+from specrt.errors import EagleHeadError, ParityError
 from specrt.export import eagle_export
 from specrt.export.bundle import ExportOptions, export_bundle
 from specrt.export.eagle import draft_logits_to_target, load_eagle3, tap_layers
@@ -318,12 +318,32 @@ def test_quantize_keeps_the_head_float_and_unchanged(portable_bundle, tmp_path):
     assert f"eagle: float32 ({EAGLE_KEPT})" in describe(load_manifest(out))
 
 
-def test_tensorrt_build_refuses_a_bundle_with_a_head(fused_bundle):
-    from specrt.export.tensorrt import BuildOptions, build_bundle_engines
+def test_tensorrt_builds_the_head_and_runs_it(portable_bundle, tmp_path, monkeypatch):
+    """specrt build on a bundle with a head, then eagle and eagle-tree on the engines: the builder's and the
+    runtime's call sequences against the TensorRT stand-in, on host memory; ONNX Runtime's greedy tokens."""
+    import shutil
+    import sys
 
-    with pytest.raises(ConfigError, match="EAGLE-3 head; `specrt build` does not build engines for it yet"):
-        build_bundle_engines(fused_bundle, BuildOptions(max_context=64, max_prompt=32, max_verify=16))
-    assert not (fused_bundle / "engines").exists()
+    from support.fake_device import HostMemory
+    from support.trt_standin import VERSIONS, fake_cudart, make_tensorrt
+
+    import specrt
+    from specrt.export.tensorrt import BuildOptions, build_bundle_engines
+    from specrt.runtime.backends import tensorrt as trt_backend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt(VERSIONS[-1]))
+    for name, module in fake_cudart().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(trt_backend, "CudaMemory", HostMemory)
+    bundle = tmp_path / "bundle"
+    shutil.copytree(portable_bundle, bundle)
+    built = build_bundle_engines(bundle, BuildOptions(max_context=128, max_prompt=64, max_verify=16))
+    assert {"target", "eagle", "summary"} <= set(built)
+    gen, reference = specrt.load(bundle), specrt.load(portable_bundle, threads=1)
+    for kwargs in (dict(method="eagle", gamma=3), dict(method="eagle-tree", eagle_tree="2,3,6")):
+        want = reference.generate("def fib(n):", max_new_tokens=20, **kwargs).token_ids
+        assert gen.generate("def fib(n):", max_new_tokens=20, **kwargs).token_ids == want, kwargs
+    assert gen.decoders["eagle"].provider == "TensorRT"
 
 
 # --- bad input: one line, exit 1, nothing written -------------------------------------------------------

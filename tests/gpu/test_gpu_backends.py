@@ -191,6 +191,38 @@ def test_logits_left_on_the_device_sample_as_host_logits(close_bundle, fake_back
             assert gen.generate(PROMPTS[1], **kwargs).token_ids == reference.generate(PROMPTS[1], **kwargs).token_ids
 
 
+@pytest.mark.parametrize("backend", ["trt-graphs", "trt-eager", "trt-small-buckets", "trt-summary", "trt-jetson",
+                                     "ort-device"])
+def test_eagle_heads_on_device_backends_give_the_tokens_of_onnxruntime(eagle_bundle, fake_backends, backend):
+    """The target's taps come back from the engine, the head's taps and features go down to it, through
+    eager passes and captured graphs (padded to the bucket) alike: the host backend's tokens, greedy and
+    sampled, for the chain and the dynamic tree."""
+    reference = specrt.load(eagle_bundle, threads=1)
+    gen = specrt.load(eagle_bundle, backend=backend)
+    runs = [dict(method="eagle", gamma=3), dict(method="eagle-tree", eagle_tree="2,3,5"),
+            dict(method="eagle", gamma=2, temperature=0.8, seed=1),
+            dict(method="eagle-tree", eagle_tree="2,2,4", temperature=0.8, top_k=20, seed=2)]
+    for prompt in PROMPTS:
+        for kwargs in runs:
+            want = reference.generate(prompt, max_new_tokens=20, **kwargs).token_ids
+            assert gen.generate(prompt, max_new_tokens=20, **kwargs).token_ids == want, (prompt, kwargs)
+    if backend in ("trt-graphs", "trt-summary", "trt-jetson"):  # the head's steps replay captured graphs too
+        assert gen._models["eagle"].decoder.graphs and gen._models["target"].decoder.graphs
+
+
+def test_tensorrt_profiles_cover_the_heads_inputs(eagle_bundle):
+    from specrt.export.tensorrt import BuildOptions, profiles
+
+    manifest = load_manifest(eagle_bundle)
+    opts = BuildOptions(max_context=256, max_prompt=64, max_verify=16)
+    head, target = manifest.models["eagle"], manifest.target
+    for shapes in profiles(head, opts):
+        (lo, _, hi), (flo, _, fhi) = shapes["eagle_taps"], shapes["eagle_features"]
+        assert lo[2] == hi[2] == head.tap_width and flo[2] == fhi[2] == head.dims.hidden_size
+        assert hi[1] == shapes["input_ids"][2][1]  # one row per new position
+    assert all("eagle_taps" not in shapes for shapes in profiles(target, opts))  # an output of the target
+
+
 def test_tensorrt_needs_engines_and_auto_skips_it_without_them(close_bundle, tmp_path, monkeypatch):
     manifest = load_manifest(close_bundle)
     with pytest.raises(ConfigError, match="specrt build --bundle"):

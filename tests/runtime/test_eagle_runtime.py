@@ -129,19 +129,10 @@ def test_q_over_draft_ids_becomes_q_over_target_ids():
 # --- end to end: a tiny llama target exported with a random EAGLE-3 head ------------------------------------
 
 @pytest.fixture(scope="module")
-def eagle_gen(tmp_path_factory):
-    from support.models import make_tokenizer, save_eagle_head, save_model
-
+def eagle_gen(eagle_bundle):
     import specrt
-    from specrt.export.bundle import export_bundle
 
-    root = tmp_path_factory.mktemp("eagle-e2e")
-    target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
-    # Most of the vocabulary, shuffled: q maps through a non-trivial vocab map and still lands on p's
-    # top ids often enough that acceptances happen too
-    head = save_eagle_head(root / "head", target, seed=3, draft_vocab=240, ascending=False)
-    export_bundle(str(target), None, root / "bundle", eagle=str(head))
-    return specrt.load(root / "bundle", threads=1)
+    return specrt.load(eagle_bundle, threads=1)
 
 
 def test_auto_is_eagle_where_the_bundle_has_a_head(eagle_gen):

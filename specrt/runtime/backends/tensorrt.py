@@ -15,7 +15,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -70,10 +70,12 @@ def choose_profile(past: int, q_len: int, limits: EngineLimits) -> int:
 
 
 def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int], dims: C.ModelDims,
-                new_kv: list[tuple[int, int]] | None = None) -> dict[str, tuple[tuple[int, ...], int]]:
+                new_kv: list[tuple[int, int]] | None = None, rows: dict[str, int] | None = None
+                ) -> dict[str, tuple[tuple[int, ...], int]]:
     """Name → (shape, device address) for one forward: the past is a prefix of each cache plane and the
     new K/V land right after it (``ptr + past * row_bytes``) unless ``new_kv`` gives other (key, value)
-    addresses per layer (a scratch block: see :class:`Scratch`); ``io`` holds the fixed I/O buffers."""
+    addresses per layer (a scratch block: see :class:`Scratch`); ``io`` holds the fixed I/O buffers.
+    ``rows``: further [1, Q, width] tensors by name (an EAGLE-3 target's taps, a head's taps and features)."""
     kv, offset = (dims.num_kv_heads, dims.head_dim), past * cache.row_bytes
     plan: dict[str, tuple[tuple[int, ...], int]] = {
         C.INPUT_IDS: ((1, q_len), io[C.INPUT_IDS]),
@@ -81,6 +83,7 @@ def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int],
         C.ATTENTION_MASK: ((1, 1, q_len, past + q_len), io[C.ATTENTION_MASK]),
         C.LOGITS: ((1, q_len, dims.vocab_size), io[C.LOGITS]),
         C.HIDDEN: ((1, q_len, dims.hidden_size), io[C.HIDDEN]),
+        **{name: ((1, q_len, width), io[name]) for name, width in (rows or {}).items()},
     }
     destinations = new_kv or [(kp + offset, vp + offset) for kp, vp in zip(cache.key_ptrs, cache.value_ptrs)]
     for i, (kp, vp, (nk, nv)) in enumerate(zip(cache.key_ptrs, cache.value_ptrs, destinations)):
@@ -260,12 +263,16 @@ class _Outputs:
     """Where an engine writes logits and hidden rows: device buffers copied back after each pass, or on
     integrated GPUs (Jetson: one memory for CPU and GPU) host-mapped memory, read with no copy at all."""
 
-    def __init__(self, memory: DeviceMemory, rows: int, dims: C.ModelDims, dtype: np.dtype) -> None:
+    def __init__(self, memory: DeviceMemory, rows: int, dims: C.ModelDims, dtype: np.dtype,
+                 extra: dict[str, int] | None = None) -> None:
+        """``extra``: further outputs by name and width (an EAGLE-3 target's taps), rows as the hidden's."""
         self.memory, self.mapped = memory, bool(getattr(memory, "integrated", False))
         self.ptrs: dict[str, int] = {}
         self.host: dict[str, np.ndarray] = {}
+        self.extra = dict(extra or {})
         for name, shape, dt in ((C.LOGITS, (rows, dims.vocab_size), np.dtype(np.float32)),
-                                (C.HIDDEN, (rows, dims.hidden_size), dtype)):
+                                (C.HIDDEN, (rows, dims.hidden_size), dtype),
+                                *((name, (rows, width), dtype) for name, width in self.extra.items())):
             nbytes = rows * shape[1] * dt.itemsize
             if self.mapped:
                 self.ptrs[name], raw = memory.mapped(nbytes)
@@ -273,15 +280,17 @@ class _Outputs:
             else:
                 self.ptrs[name], self.host[name] = memory.malloc(nbytes), np.empty(shape, dt)
 
-    def fetch(self, q_len: int, logits: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
-        """The first ``q_len`` rows, valid once the stream is synchronized; ``logits=False`` leaves the
-        logits in device memory (None)."""
+    def fetch(self, q_len: int, logits: bool = True) -> tuple[np.ndarray | None, np.ndarray, dict[str, np.ndarray]]:
+        """The first ``q_len`` rows (logits, hidden, extra outputs), valid once the stream is synchronized;
+        ``logits=False`` leaves the logits in device memory (None)."""
         rows, hidden = self.host[C.LOGITS][:q_len] if logits else None, self.host[C.HIDDEN][:q_len]
+        extra = {name: self.host[name][:q_len] for name in self.extra}
         if not self.mapped:
             if rows is not None:
                 self.memory.to_host(rows, self.ptrs[C.LOGITS])
-            self.memory.to_host(hidden, self.ptrs[C.HIDDEN])
-        return rows, hidden
+            for name, host in ((C.HIDDEN, hidden), *extra.items()):
+                self.memory.to_host(host, self.ptrs[name])
+        return rows, hidden, extra
 
 
 class _Graph:
@@ -298,23 +307,29 @@ class _Graph:
         self.bucket, self.rows, self.cache = bucket, rows, cache
         self.ctx = decoder.context_factory(VERIFY)
         self.scratch = Scratch(m, cache, bucket)
-        self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype)
+        self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype, decoder.extra_outputs)
         self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
-                   C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs}
-        decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d, new_kv=self.scratch.new_kv))
+                   C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs,
+                   **{name: m.malloc(bucket * decoder.row_bytes(name)) for name in decoder.extra_inputs}}
+        decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d, new_kv=self.scratch.new_kv,
+                                           rows=decoder.extra_widths))
         m.memset(self.io[C.ATTENTION_MASK], 1, bucket * (rows + bucket))  # a defined warm-up input
         m.memset(self.io[C.INPUT_IDS], 0, bucket * 8)
         m.memset(self.io[C.POSITION_IDS], 0, bucket * 8)
+        for name in decoder.extra_inputs:
+            m.memset(self.io[name], 0, bucket * decoder.row_bytes(name))
         decoder.execute(self.ctx)  # TensorRT wants one run before capture (deferred allocations)
         self.graph = m.capture(lambda: decoder.execute(self.ctx))
 
-    def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
-            ) -> _Outputs:
+    def run(self, decoder: TrtDecoder, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
+            extra: Mapping[str, np.ndarray]) -> _Outputs:
         m, cache, b = decoder.memory, self.cache, self.bucket
         q_len, past = len(input_ids), cache.length
         m.to_device(self.io[C.INPUT_IDS], pad_to(np.asarray(input_ids, np.int64), b))
         m.to_device(self.io[C.POSITION_IDS], pad_to(np.asarray(position_ids, np.int64), b, fill=past))
         m.to_device(self.io[C.ATTENTION_MASK], static_mask(np.asarray(mask, bool), past, self.rows, b))
+        for name, rows in extra.items():  # the padding rows keep their zeros: their outputs are never read
+            m.to_device(self.io[name], decoder.device_rows(name, rows))
         m.replay(self.graph)
         self.scratch.commit(cache, q_len)
         return self.outputs
@@ -351,11 +366,17 @@ class TrtDecoder:
         self.buckets = tuple(b for b in buckets if b <= limits.max_verify) if graphs else ()
         self.graphs: dict[tuple[int, int, int], _Graph] = {}  # (cache base, cache rows, bucket) → graph
         d, q = entry.dims, limits.max_q
-        self.outputs = _Outputs(memory, q, d, self.kv_dtype)
+        # EAGLE-3: a target exported for a head also outputs its taps; a head reads taps and features.
+        self.extra_inputs = ({C.EAGLE_TAPS: entry.tap_width, C.EAGLE_FEATURES: d.hidden_size}
+                             if entry.kind == "eagle3" else {})
+        self.extra_outputs = {C.EAGLE_TAPS: entry.tap_width} if entry.kind == "decoder" and entry.tap_width else {}
+        self.extra_widths = {**self.extra_inputs, **self.extra_outputs}
+        self.outputs = _Outputs(memory, q, d, self.kv_dtype, self.extra_outputs)
         self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
-                   C.ATTENTION_MASK: memory.malloc(limits.mask_elements), **self.outputs.ptrs}
+                   C.ATTENTION_MASK: memory.malloc(limits.mask_elements), **self.outputs.ptrs,
+                   **{name: memory.malloc(q * self.row_bytes(name)) for name in self.extra_inputs}}
         self._scratch: Scratch | None = None  # new K/V of eager passes at a misaligned length
-        self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK,
+        self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK, *self.extra_inputs,
                         *(C.past_key(i) for i in range(d.num_layers)),
                         *(C.past_value(i) for i in range(d.num_layers))}
         # Host-mapped outputs (Jetson) are read in place: there is no copy for a summary to save.
@@ -371,6 +392,19 @@ class TrtDecoder:
             self._summary_engine = open_engine(bundle_dir, manifest, C.SUMMARY_ENGINE, opened.memory)
             summary = self._summary_engine.context(0)
         return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"]), summary
+
+    supports_eagle = True
+
+    def row_bytes(self, name: str) -> int:
+        return self.extra_widths[name] * self.kv_dtype.itemsize
+
+    def device_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """An EAGLE-3 input's (Q, width) rows in the graph's float type, checked against its width."""
+        rows = np.ascontiguousarray(rows, dtype=self.kv_dtype)
+        if rows.ndim != 2 or rows.shape[1] != self.extra_inputs[name]:
+            raise SpecrtError(f"internal: {name} rows of shape {rows.shape}, the engine reads "
+                              f"(Q, {self.extra_inputs[name]})")
+        return rows
 
     def new_cache(self, max_context: int) -> DeviceKVCache:
         # The engine was built for at most limits.max_context positions; a longer context fails loudly
@@ -396,21 +430,27 @@ class TrtDecoder:
         return self.graphs[key]
 
     def forward(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray) -> DecoderOutput:
-        q_len = len(input_ids)
+                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
+        q_len, extra = len(input_ids), dict(extra or {})
+        if set(extra) != set(self.extra_inputs):
+            raise SpecrtError(f"internal: this engine reads {sorted(self.extra_inputs) or 'no extra inputs'}, "
+                              f"was given {sorted(extra) or 'none'}")
         cache.ensure_room(q_len)
         graph = self._graph_for(cache, q_len)
         if graph is not None:
-            outputs = graph.run(self, input_ids, position_ids, mask)
+            outputs = graph.run(self, input_ids, position_ids, mask, extra)
         else:
-            outputs = self._eager(cache, input_ids, position_ids, mask)
-        logits, hidden = outputs.fetch(q_len, logits=self.summary is None)
+            outputs = self._eager(cache, input_ids, position_ids, mask, extra)
+        logits, hidden, made = outputs.fetch(q_len, logits=self.summary is None)
         self.memory.synchronize()
+        # host-mapped (Jetson): read in place, nothing copied
+        rows = 0 if self.outputs.mapped else hidden.nbytes + sum(r.nbytes for r in made.values())
         if self.summary is not None:
-            return DecoderOutput(None, hidden, copied_bytes=hidden.nbytes,
+            return DecoderOutput(None, hidden, copied_bytes=rows, extra=made,
                                  device_logits=self.summary.rows(outputs.ptrs[C.LOGITS], q_len))
-        copied = 0 if self.outputs.mapped else logits.nbytes + hidden.nbytes  # host-mapped: read in place
-        return DecoderOutput(logits=logits, hidden=hidden, copied_bytes=copied)
+        return DecoderOutput(logits=logits, hidden=hidden, extra=made,
+                             copied_bytes=rows + (0 if self.outputs.mapped else logits.nbytes))
 
     def scratch_for(self, cache: DeviceKVCache) -> Scratch | None:
         """Where an eager pass writes its new K/V: in place (None) when the cache's length puts them on
@@ -421,16 +461,18 @@ class TrtDecoder:
             self._scratch = Scratch(self.memory, cache, self.limits.max_q)
         return self._scratch
 
-    def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray
-               ) -> _Outputs:
+    def _eager(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
+               extra: Mapping[str, np.ndarray]) -> _Outputs:
         q_len, past, m = len(input_ids), cache.length, self.memory
         ctx = self.contexts[choose_profile(past, q_len, self.limits)]
         m.to_device(self.io[C.INPUT_IDS], np.ascontiguousarray(input_ids, dtype=np.int64))
         m.to_device(self.io[C.POSITION_IDS], np.ascontiguousarray(position_ids, dtype=np.int64))
         m.to_device(self.io[C.ATTENTION_MASK], np.ascontiguousarray(mask, dtype=bool))
+        for name, rows in extra.items():
+            m.to_device(self.io[name], self.device_rows(name, rows))
         scratch = self.scratch_for(cache)
         self.bind(ctx, tensor_plan(past, q_len, cache, self.io, self.entry.dims,
-                                   new_kv=scratch.new_kv if scratch else None))
+                                   new_kv=scratch.new_kv if scratch else None, rows=self.extra_widths))
         self.execute(ctx)
         if scratch:
             scratch.commit(cache, q_len)
