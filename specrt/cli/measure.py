@@ -143,7 +143,14 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
               help="Draft / target arithmetic operations per token, for the ops-factor column [default: from the "
                    "bundle's graphs with --bundle; else c, a time ratio standing in for it].")
 @click.option("--bundle", type=click.Path(file_okay=False),
-              help="Measure α and c on this bundle first (instead of --alpha/--c), and μ from its graphs.")
+              help="Measure α and c of the bundle's EAGLE-3 head, else its draft model, first (instead of "
+                   "--alpha/--c), and μ from its graphs.")
+@click.option("--chat", is_flag=True,
+              help="With --bundle: each prompt is a user's message in the bundle's chat template (an instruct "
+                   "model's replies) [default prompts then: 8 of the shipped chat prompts].")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help="With --bundle: measure on these prompts (JSON list or one per line) [default: the shipped code "
+                   "prompts]. A head trained on the shipped prompts reads optimistic α from them: pass held-out ones.")
 @click.option("--demo", is_flag=True, help="Measure on the demo bundle shipped with specrt.")
 @click.option("--temperature", type=float, default=1.0, show_default=True,
               help="Sampling temperature to measure α at.")
@@ -152,8 +159,9 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
 @click.option("--max-gamma", type=int, default=16, show_default=True)
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write a PNG of speedup vs γ (needs matplotlib).")
-def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, demo: bool, temperature: float,
-         context: int, max_gamma: int, plot_file: str | None) -> None:
+def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, chat: bool,
+         prompts_file: str | None, demo: bool, temperature: float, context: int, max_gamma: int,
+         plot_file: str | None) -> None:
     """Table of γ, E[tokens per target pass], relative cost γc+1, speedup and arithmetic-ops factor; marks the
     optimal γ and says how close it gets to the unlimited-γ ceiling.
 
@@ -169,6 +177,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
     Examples:
       specrt plan --alpha 0.8 --c 0.02 --mu 0.01
       specrt plan --bundle bundle --temperature 0 --context 1024 --plot speedup.png
+      specrt plan --bundle smollm2-eagle --chat --prompts benchmarks/prompts/chat-heldout.json --temperature 0
     """
     from ..measure.plan import bundle_mu, measure, plot
     from ..measure.report import print_plan
@@ -179,9 +188,12 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
             raise click.UsageError("give either --alpha/--c or --bundle, not both")
         from .. import load
         from ..data import prompts as builtin_prompts
+        from ..measure.bench import read_prompts
 
         gen = load(bundle)
-        m = measure(gen, builtin_prompts("code"), temperature=temperature)
+        prompts = (read_prompts(prompts_file) if prompts_file
+                   else builtin_prompts("chat")[-8:] if chat else builtin_prompts("code"))
+        m = measure(gen, prompts, temperature=temperature, chat=chat)
         alpha, c = m.alpha, m.c
         click.echo(m.describe())
         if mu is None:

@@ -48,20 +48,29 @@ def stand_in_note(c: float) -> str:
     return f"μ = c = {c:.3f}: a time ratio standing in for the ops ratio (give --mu, or --bundle)"
 
 
+def drafting_method(manifest) -> str:
+    """The chain method ``plan`` measures: the bundle's EAGLE-3 head, else its draft model."""
+    if manifest.eagle is not None:
+        return "eagle"
+    if manifest.draft is not None:
+        return "draft"
+    raise ConfigError("this bundle has neither an EAGLE-3 head nor a draft model to measure (specrt export ... "
+                      "--eagle HEAD or --draft DRAFT); give --alpha and --c instead")
+
+
 def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, str]:
-    """μ of a bundle's draft: draft / target matmul FLOPs per token from the graphs (manifest figures, else
-    read with onnx, else estimated), plus attention at ``context`` positions from the manifest dims; and
-    a line saying where it came from."""
+    """μ of a bundle's drafter (its EAGLE-3 head, else its draft model): drafter / target matmul FLOPs per token
+    from the graphs (manifest figures, else read with onnx, else estimated), plus attention at ``context``
+    positions from the manifest dims; and a line saying where it came from."""
     from . import roofline
 
-    if manifest.draft is None:
-        raise ConfigError("this bundle has no draft model: mu needs one")
+    drafter = manifest.eagle if drafting_method(manifest) == "eagle" else manifest.draft
     if context < 0:
         raise ConfigError(f"context must be >= 0, got {context}")
-    t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, manifest.draft)
-    mu = roofline.mu(d, t, manifest.draft.dims, manifest.target.dims, context)
+    t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, drafter)
+    mu = roofline.mu(d, t, drafter.dims, manifest.target.dims, context)
     sources = " and ".join(sorted({t.source, d.source}))
-    return mu, (f"μ = {mu:.4f}: draft / target matmul FLOPs per token ({d.matmul_flops_per_token / 1e6:.1f}M / "
+    return mu, (f"μ = {mu:.4f}: {'head' if drafter is manifest.eagle else 'draft'} / target matmul FLOPs per token ({d.matmul_flops_per_token / 1e6:.1f}M / "
                 f"{t.matmul_flops_per_token / 1e6:.1f}M, {sources})"
                 + (f" + attention at context {context}" if context else ""))
 
@@ -73,25 +82,26 @@ class Measurement:
     c: float  # draft pass time / plain target decode pass time (as bench reports it)
     temperature: float
     prompts: int
+    method: str = "draft"
 
     def describe(self) -> str:
-        return (f"measured on {self.prompts} prompts at temperature {self.temperature:g}: α = {self.alpha:.3f} "
-                f"(accepted/drafted {self.acceptance_rate:.3f}), c = {self.c:.3f}")
+        return (f"{self.method} measured on {self.prompts} prompts at temperature {self.temperature:g}: "
+                f"α = {self.alpha:.3f} (accepted/drafted {self.acceptance_rate:.3f}), c = {self.c:.3f}")
 
 
 def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,
-            seed: int = 0) -> Measurement:
-    """α and c of a bundle's draft on this backend, measured as ``specrt bench`` measures them (α: mean
-    Σmin(p, q) over verified prefixes, as Leviathan et al. estimate it; c: draft pass / plain target pass)."""
+            seed: int = 0, chat: bool = False) -> Measurement:
+    """α and c of a bundle's drafter (its EAGLE-3 head, else its draft model) on this backend, measured as
+    ``specrt bench`` measures them (α: mean Σmin(p, q) over verified prefixes, as Leviathan et al. estimate it;
+    c: draft pass / plain target pass). ``chat``: each prompt a user's message, in the chat template."""
     from .bench import BenchConfig, run_bench
 
-    if gen.manifest.draft is None:
-        raise ConfigError("this bundle has no draft model to measure")
-    cfg = BenchConfig(methods=("none", "draft"), max_new_tokens=max_new_tokens, repeats=1, gamma=gamma,
-                      temperature=temperature, seed=seed)
-    row = run_bench(gen, prompts, cfg)["methods"]["draft"]
+    method = drafting_method(gen.manifest)
+    cfg = BenchConfig(methods=("none", method), max_new_tokens=max_new_tokens, repeats=1, gamma=gamma,
+                      temperature=temperature, seed=seed, chat=chat)
+    row = run_bench(gen, prompts, cfg)["methods"][method]
     return Measurement(alpha=row["alpha"], acceptance_rate=row["acceptance_rate"], c=row["c"],
-                       temperature=temperature, prompts=len(prompts))
+                       temperature=temperature, prompts=len(prompts), method=method)
 
 
 def plot(alpha: float, c: float, max_gamma: int, path: str | Path) -> Path:

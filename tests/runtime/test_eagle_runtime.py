@@ -256,3 +256,15 @@ def test_verify_checks_the_eagle_chain_and_tree(eagle_gen):
         assert f"greedy {method} == plain" in names and f"sampled {method} ~ target" in names
     assert all(c.passed for c in checks if c.name.startswith(("greedy", "sampled", "target"))), checks
     assert progress.count("sampling eagle") == 150 and progress.count("sampling eagle-tree") == 150
+
+
+def test_plan_measures_the_head(eagle_bundle, chat_bundle):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "--bundle", str(eagle_bundle), "--temperature", "0", "--max-gamma", "4"])
+    assert res.exit_code == 0, res.output
+    assert "eagle measured on 8 prompts" in res.output and "head / target matmul FLOPs" in res.output
+    res = CliRunner().invoke(main, ["plan", "--bundle", str(chat_bundle)])
+    assert res.exit_code == 1 and "neither an EAGLE-3 head nor a draft model" in res.output
