@@ -17,6 +17,12 @@ from support.models import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """specrt's per-user cache (the trusted-engine registry) in a folder of the test session, not ~/.cache."""
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "specrt-cache"))
+
+
 @pytest.fixture(scope="session")
 def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """A saved tiny (target, draft) HF pair per supported architecture."""

@@ -129,6 +129,23 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     return inputs, outputs
 
 
+def io_mismatch(expected: tuple[list[TensorSpec], list[TensorSpec]], inputs: dict[str, str],
+                outputs: dict[str, str]) -> str | None:
+    """What differs between the contract's (inputs, outputs) and a graph's (name -> element type, numpy names),
+    or None: a graph swapped for another, or of another dtype than its manifest entry says."""
+    for side, specs, got in (("input", expected[0], inputs), ("output", expected[1], outputs)):
+        want = {s.name: s.dtype for s in specs}
+        missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+        if missing or extra:
+            return (f"its {side}s differ from the manifest's: " + ", ".join(
+                [f"missing {n}" for n in missing[:3]] + [f"unexpected {n}" for n in extra[:3]]))
+        wrong = [(n, t, got[n]) for n, t in want.items() if got[n] != t]
+        if wrong:
+            n, t, g = wrong[0]
+            return f"its {side} {n} is {g}, the manifest says {t}"
+    return None
+
+
 def dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
     """The symbolic axes of each tensor, in the form ``torch.onnx.export`` takes."""
     return {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in specs}

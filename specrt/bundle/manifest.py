@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
+from . import safety
 from .contract import DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
 
 
@@ -209,26 +210,49 @@ def load_manifest(folder: str | Path) -> Manifest:
     path = folder / MANIFEST_NAME
     if not path.is_file():
         raise BundleError(f"{folder} is not a specrt bundle: {MANIFEST_NAME} is missing")
+    safety.no_links_out(folder)
+    safety.checked_size(path, safety.MAX_MANIFEST_BYTES, "manifest")
     try:
         raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{path} is not valid JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise BundleError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
     version = raw.get("format_version") if isinstance(raw, dict) else None
     if version != FORMAT_VERSION:
         raise BundleError(f"{path} has format version {version!r}; this specrt reads version {FORMAT_VERSION}: "
                           "re-export the bundle with this specrt version")
     try:
+        safety.bounded_context(raw["max_context"])
+        for role, m in raw["models"].items():
+            safety.bounded_dims(m["dims"], role)
         manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
                             models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
                             vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}),
                             medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None,
                             engines=raw.get("engines", {}))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
-    files = [manifest.tokenizer.file, *(m.file for m in manifest.models.values())]
-    if manifest.tokenizer.chat_template:
-        files.append(manifest.tokenizer.chat_template)
-    for rel in files + ([manifest.medusa.file] if manifest.medusa else []):
-        if not (folder / rel).is_file():
+    for what, rel in named_files(manifest):
+        # an engine may be gone (a bundle copied without engines/): the TensorRT backend says to rebuild
+        if not safety.inside(folder, rel, what).is_file() and not what.endswith("engine"):
             raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
+    safety.checked_size(folder / manifest.tokenizer.file, safety.MAX_TOKENIZER_BYTES, "tokenizer")
+    if manifest.tokenizer.chat_template:
+        safety.checked_size(folder / manifest.tokenizer.chat_template, safety.MAX_TEMPLATE_BYTES, "chat template")
     return manifest
+
+
+def named_files(manifest: Manifest) -> list[tuple[str, str]]:
+    """(what, relative path) of every file the manifest names: graphs, tokenizer, chat template, heads, the
+    EAGLE-3 vocabulary map and TensorRT engines."""
+    files = [("tokenizer", manifest.tokenizer.file)]
+    if manifest.tokenizer.chat_template:
+        files.append(("chat template", manifest.tokenizer.chat_template))
+    for role, m in manifest.models.items():
+        files.append((f"{role} graph", m.file))
+        if m.vocab_map:
+            files.append((f"{role} vocabulary map", m.vocab_map))
+    if manifest.medusa:
+        files.append(("Medusa heads", manifest.medusa.file))
+    for role, record in manifest.engines.items():
+        files.append((f"{role} engine", record.get("file") if isinstance(record, dict) else record))
+    return files

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..bundle import safety
 from ..bundle.contract import (
     ATTENTION_MASK,
     EAGLE_FEATURES,
@@ -241,10 +242,12 @@ def build_bundle_engines(bundle: Path, opts: BuildOptions,
     for role, (file, shapes) in graphs.items():
         key = engine_key(file_sha256(bundle / file), trt.__version__, sm, opts, shapes)
         path = cache_dir / f"{role}-{key}.engine"
+        cached = safety.is_trusted(path)  # an engine that came with the bundle is rebuilt, whatever its name
         if progress:
-            progress(role, path.is_file())
-        if not path.is_file():
+            progress(role, cached)
+        if not cached:
             build_engine(bundle / file, path, shapes, opts, cache_dir / "timing.cache")
+            safety.trust_engine(path)
         out[role] = {"file": str(path.relative_to(bundle)), "key": key, "tensorrt": trt.__version__, "sm": sm,
                      "options": asdict(opts)}
     replace(manifest, engines=out).write(bundle)

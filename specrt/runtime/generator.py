@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..bundle import safety
 from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
@@ -121,6 +122,9 @@ class SpeculativeGenerator:
 
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
+        m = self.manifest
+        safety.fits_in_memory(safety.kv_cache_bytes(m.max_context, [(e.dims, e.dtype) for e in m.models.values()]),
+                              f"the KV cache of bundle {self.bundle} at its max context of {m.max_context}")
         try:
             self.tokenizer = Tokenizer.from_file(str(self.bundle / self.manifest.tokenizer.file))
         except Exception as e:  # tokenizers raises a bare Exception on a corrupt file
@@ -220,6 +224,7 @@ class SpeculativeGenerator:
             raise ConfigError(f"the {self.decoders['target'].provider} backend does not run EAGLE-3 heads yet; "
                               "use --backend onnxruntime")
         path = self.bundle / entry.vocab_map
+        safety.checked_size(path, 8 * entry.dims.vocab_size + 4096, "EAGLE-3 vocabulary map")  # int64 + the header
         try:
             vocab_map = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:

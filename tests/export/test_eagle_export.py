@@ -344,6 +344,21 @@ def test_tensorrt_builds_the_head_and_runs_it(portable_bundle, tmp_path, monkeyp
         want = reference.generate("def fib(n):", max_new_tokens=20, **kwargs).token_ids
         assert gen.generate("def fib(n):", max_new_tokens=20, **kwargs).token_ids == want, kwargs
     assert gen.decoders["eagle"].provider == "TensorRT"
+    # The same bundle on another machine (another user's cache): its engines came with it, so they are
+    # not loaded unless trusted explicitly, and `specrt build` rebuilds rather than reusing them.
+    from specrt.errors import BundleError
+
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "elsewhere"))
+    with pytest.raises(BundleError, match="was not built on this machine by `specrt build`"):
+        specrt.load(bundle, backend="tensorrt")
+    monkeypatch.setenv("SPECRT_TRUST_ENGINES", "1")
+    assert specrt.load(bundle, backend="tensorrt").decoders["target"].provider == "TensorRT"
+    monkeypatch.delenv("SPECRT_TRUST_ENGINES")
+    seen = []
+    build_bundle_engines(bundle, BuildOptions(max_context=128, max_prompt=64, max_verify=16),
+                         progress=lambda role, cached: seen.append(cached))
+    assert seen and not any(seen)  # every engine rebuilt, none reused from the bundle
+    assert specrt.load(bundle, backend="tensorrt").decoders["target"].provider == "TensorRT"
 
 
 # --- bad input: one line, exit 1, nothing written -------------------------------------------------------

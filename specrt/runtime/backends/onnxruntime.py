@@ -146,6 +146,10 @@ class OrtHeads:
         return "float16" if self.input.type == "tensor(float16)" else "float32"
 
 
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
+              "tensor(bool)": "bool"}
+
+
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target",
@@ -163,6 +167,10 @@ class OrtDecoder:
         self.memory_plan = plan_memory(*C.graph_file_bytes(path), entry.dtype,
                                        available_memory() if on_cpu else None, low_memory)
         self.session = _session(path, threads, helper=role != "target", plan=self.memory_plan)
+        types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
+        problem = C.io_mismatch(entry.io(), types(self.session.get_inputs()), types(self.session.get_outputs()))
+        if problem:
+            raise BundleError(f"{entry.file} does not match its manifest entry: {problem}")
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
         self.kv_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ...bundle import contract as C
+from ...bundle import safety
 from ...bundle.manifest import Manifest, ModelEntry, load_manifest
 from ...errors import ConfigError, ContextLengthError, SpecrtError
 from .base import DecoderOutput, register_backend
@@ -166,7 +167,7 @@ def open_engine(bundle_dir: Path, manifest: Manifest, role: str, memory: CudaMem
     record = engine_record(manifest, role, bundle_dir)
     check_engine(record, trt.__version__, f"{props.major}.{props.minor}")
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine((Path(bundle_dir) / record["file"]).read_bytes())
+    engine = runtime.deserialize_cuda_engine(safety.trusted_engine_bytes(Path(bundle_dir) / record["file"]))
     if engine is None:
         raise ConfigError(f"TensorRT could not load {record['file']}: rerun `specrt build`")
     return OpenEngine(engine, runtime, memory, record)
