@@ -142,6 +142,40 @@ def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, ro
             "decisive_positions": decisive, "positions": len(kls)}
 
 
+def head_acceptance(bundles: list[Path], manifest: Manifest, prompts: list[str]) -> list[float]:
+    """Per bundle (same head, float or quantized target): the EAGLE-3 head's greedy first-draft acceptance,
+    teacher-forced over every position of the prompts: how often the head's argmax, read from that target's
+    taps, is the target's own next greedy token. What quantizing the target costs the head, in one figure."""
+    from tokenizers import Tokenizer
+
+    from ..runtime.backends.onnxruntime import OrtDecoder
+    from ..runtime.masks import causal_mask
+
+    head_entry = manifest.eagle
+    tok = Tokenizer.from_file(str(bundles[0] / manifest.tokenizer.file))
+    vocab_map = np.load(bundles[0] / head_entry.vocab_map, allow_pickle=False)
+    head = OrtDecoder(bundles[0], head_entry, threads=None, role="draft")
+    out = []
+    for folder in bundles:
+        target = OrtDecoder(folder, manifest.target, threads=None)
+        hits = total = 0
+        for prompt in prompts:
+            ids = np.array(tok.encode(prompt, add_special_tokens=False).ids[: manifest.max_context], np.int64)
+            if ids.size < 3:
+                continue
+            n = len(ids)
+            run = target.forward(target.new_cache(n), ids, np.arange(n), causal_mask(n, 0))
+            best, taps = run.logits.argmax(-1), run.extra[C.EAGLE_TAPS][: n - 1].copy()
+            # head row j: taps of position j with token j+1, predicting token j+2 (the target's argmax at j+1)
+            rows = head.forward(head.new_cache(n), ids[1:], np.arange(n - 1), causal_mask(n - 1, 0), extra={
+                C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((n - 1, head_entry.dims.hidden_size), np.float32)})
+            drafted = vocab_map[rows.logits.argmax(-1)]
+            hits += int((drafted[:-1] == best[1:n - 1]).sum())
+            total += n - 2
+        out.append(hits / total if total else 0.0)
+    return out
+
+
 def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions = QuantizeOptions(),
                     prompts: list[str] | None = None, progress: Callable[[str], None] | None = None) -> Manifest:
     """Write a quantized copy of bundle ``src`` to ``out``; it appears only once every model passed its
@@ -187,6 +221,12 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
             if role == "target" and manifest.eagle is not None:
                 record["eagle_head"] = EAGLE_KEPT
+                if progress:
+                    progress("eagle: the head's acceptance on the float and the quantized target")
+                before, after = head_acceptance([src, tmp], manifest, prompts)
+                record["eagle_acceptance"] = {"float": before, "quantized": after,
+                                              "measure": "greedy first-draft acceptance, teacher-forced on the "
+                                                         "parity prompts"}
             if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
@@ -212,6 +252,9 @@ def describe(manifest: Manifest) -> str:
         lines.append(f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
                      f"{' incl. the LM head' if q['lm_head_untied'] else ''}), {q['bytes_before'] / 2**20:.1f} → "
                      f"{q['bytes_after'] / 2**20:.1f} MiB; vs float: mean KL {p['mean_kl']:.4f}, top-1 "
-                     f"{p['top1_agreement']:.3f} over {p['decisive_positions']} decisive positions")
+                     f"{p['top1_agreement']:.3f} over {p['decisive_positions']} decisive positions"
+                     + (f"; EAGLE-3 head's first-draft acceptance {q['eagle_acceptance']['float']:.3f} on the "
+                        f"float target, {q['eagle_acceptance']['quantized']:.3f} on this one"
+                        if "eagle_acceptance" in q else ""))
     return "\n".join(lines)
 

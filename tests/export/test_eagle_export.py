@@ -316,6 +316,15 @@ def test_quantize_keeps_the_head_float_and_unchanged(portable_bundle, tmp_path):
     graph = onnx.load(str(out / "target.onnx"))
     assert [o.name for o in graph.graph.output][2] == C.EAGLE_TAPS
     assert f"eagle: float32 ({EAGLE_KEPT})" in describe(load_manifest(out))
+    # What the quantized target costs the head, recorded: teacher-forced first-draft acceptance on each
+    acc = q.target.quantization["eagle_acceptance"]
+    assert 0 <= acc["quantized"] <= 1 and abs(acc["quantized"] - acc["float"]) <= 0.1
+    assert "first-draft acceptance" in describe(load_manifest(out))
+    from specrt.export.quantize import head_acceptance
+
+    same = head_acceptance([portable_bundle, portable_bundle], m, ["def fib(n):\n    return", "import os\n"])
+    assert same[0] == same[1]
+
 
 
 def test_tensorrt_builds_the_head_and_runs_it(portable_bundle, tmp_path, monkeypatch):
