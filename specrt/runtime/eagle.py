@@ -81,6 +81,23 @@ class EagleDrafter:
         self.head.cache.truncate(min(self.head.cache.length, self._final))
 
 
+def expansion_mask(frontier: list[int], parents: list[int], fed: dict[int, int], context: int, cached: int
+                   ) -> np.ndarray:
+    """[1, 1, F, cached + F]: each frontier node sees the head's ``context`` rows, its ancestors (at ``fed[a]``,
+    the slot each took in the head's cache: every ancestor of an expanded node was expanded) and itself.
+    Records the frontier's own slots in ``fed``."""
+    mask = np.zeros((len(frontier), cached + len(frontier)), bool)
+    mask[:, :context] = True
+    for r, node in enumerate(frontier):
+        mask[r, cached + r] = True
+        up = parents[node]
+        while up >= 0:
+            mask[r, fed[up]] = True
+            up = parents[up]
+    fed.update((node, cached + r) for r, node in enumerate(frontier))
+    return mask[None, None]
+
+
 class EagleTreeDrafter(EagleDrafter):
     """EAGLE-2's dynamic tree from the same head (:class:`DynamicTree`): one head pass per level over the
     level's ``topk`` best nodes, then the ``nodes`` best candidates overall go to the target's one pass.
@@ -123,17 +140,9 @@ class EagleTreeDrafter(EagleDrafter):
             if level + 1 == depth:
                 break
             frontier = sorted(range(level_start, len(nodes)), key=lambda i: (-scores[i], i))[:topk]
-            mask = np.zeros((len(frontier), head.cache.length + len(frontier)), bool)
-            mask[:, :context] = True
-            for r, node in enumerate(frontier):
-                mask[r, head.cache.length + r] = True
-                up = parents[node]
-                while up >= 0:  # every ancestor of an expanded node was expanded itself
-                    mask[r, fed[up]] = True
-                    up = parents[up]
-            fed.update((node, head.cache.length + r) for r, node in enumerate(frontier))
+            mask = expansion_mask(frontier, parents, fed, context, head.cache.length)
             rows = head.run([nodes[i] for i in frontier], np.full(len(frontier), context + level, np.int64),
-                            mask[None, None], sampling, last=len(frontier), extra={
+                            mask, sampling, last=len(frontier), extra={
                                 C.EAGLE_TAPS: np.zeros((len(frontier), self._no_taps.shape[1]), np.float32),
                                 C.EAGLE_FEATURES: np.concatenate([features[parents[i]] for i in frontier])})
             row_of = {node: r for r, node in enumerate(frontier)}
