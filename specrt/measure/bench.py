@@ -175,7 +175,9 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
                          "seeds": [cfg.seed + r for r in range(cfg.repeats)]},
             "prompt_ids": "specrt's: every peer decodes from the ids specrt's tokenizer made",
             "counting": COUNTING}
-        result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], prompts, prompt_ids, result["methods"],
+        # With --chat the peer's tokenizer is asked for the text specrt's template rendered, not the bare message.
+        texts = [gen.render_chat([{"role": "user", "content": p}]) for p in prompts] if cfg.chat else prompts
+        result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], texts, prompt_ids, result["methods"],
                                              outputs["none"] if cfg.temperature == 0 else None) for p in peers}
     return result
 

@@ -231,3 +231,22 @@ def test_parse_kinds_and_until_end():
     with pytest.raises(ConfigError, match="unknown peer 'foo'"):
         parse_kinds(["foo"])
     assert until_end([5, 6, 1, 7], {1}) == [5, 6] and until_end([5, 6], {1}) == [5, 6]
+
+
+def test_with_chat_the_peer_tokenizes_the_rendered_conversation(chat_bundle):
+    """--chat: specrt decodes from the template's ids; the peer is asked to tokenize the rendered text (what
+    its own chat path would see), not the bare message, so equal tokenizers report equal ids."""
+    chat = specrt.load(chat_bundle, threads=1)
+
+    class Echo:
+        name, description, details = "echo", "tokenizes like specrt", {}
+
+        def encode(self, text):
+            return chat.tokenizer.encode(text, add_special_tokens=False).ids
+
+        def generate(self, prompt_ids, max_new_tokens, sampling, seed):
+            return PeerRun([[5] * max_new_tokens for _ in prompt_ids], 0.01)
+
+    res = run_bench(chat, ["Hi there", "Name a colour."], BenchConfig(methods=("none",), max_new_tokens=3,
+                                                                       repeats=1, chat=True), peers=[Echo()])
+    assert res["peers"]["echo"]["prompt_ids_equal"] == 1.0
