@@ -148,7 +148,7 @@ def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_g
                  {"alpha": alpha, "c": c, "best_gamma": g, "best_speedup": best})
 
 
-def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 1000, max_new_tokens: int = 32,
+def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 500, max_new_tokens: int = 32,
                   gamma: int = 4, on_progress: Callable[[str, int, int], None] | None = None) -> Iterator[Check]:
     """The checks one by one, each as soon as it is decided; ``on_progress(what, done, total)`` while the
     sampled check draws."""
