@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..bundle import contract as C
 from ..bundle.manifest import ModelEntry
 from ..errors import BundleError
 from ..runtime.backends.base import DecoderOutput
@@ -62,16 +63,36 @@ class TorchDeviceLogits:
         return TorchDeviceLogits(self.logits[len(self.logits) - n:])
 
 
-def _output(logits: torch.Tensor, hidden: torch.Tensor, keep_logits: bool) -> DecoderOutput:
-    """Hidden rows on the host; logits either copied up as float32 or left on the device."""
+def _output(logits: torch.Tensor, hidden: torch.Tensor, keep_logits: bool, taps: torch.Tensor | None = None
+            ) -> DecoderOutput:
+    """Hidden rows (and an EAGLE-3 target's taps) on the host; logits either copied up as float32 or left on
+    the device."""
     on_gpu = logits.device.type != "cpu"
     host_hidden = hidden.cpu().numpy()
+    extra = {C.EAGLE_TAPS: taps.cpu().numpy()} if taps is not None else {}
+    side = host_hidden.nbytes + sum(x.nbytes for x in extra.values()) if on_gpu else 0
     if keep_logits:
-        return DecoderOutput(None, host_hidden, copied_bytes=host_hidden.nbytes if on_gpu else 0,
-                             device_logits=TorchDeviceLogits(logits))
+        return DecoderOutput(None, host_hidden, copied_bytes=side, device_logits=TorchDeviceLogits(logits),
+                             extra=extra)
     host_logits = logits.float().cpu().numpy()
-    return DecoderOutput(host_logits, host_hidden,
-                         copied_bytes=host_logits.nbytes + host_hidden.nbytes if on_gpu else 0)
+    return DecoderOutput(host_logits, host_hidden, extra=extra,
+                         copied_bytes=side + (host_logits.nbytes if on_gpu else 0))
+
+
+def call(wrapper, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past: tuple[torch.Tensor, ...],
+         extra: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                                 tuple[torch.Tensor, ...]]:
+    """(logits, hidden, taps or None, new K/V) of a decoder (``DecoderWrapper``, with taps or not) or of an
+    EAGLE-3 head (``HeadWrapper``, which also reads ``extra``: its taps and features rows)."""
+    from .eagle_export import HeadWrapper
+
+    if isinstance(wrapper, HeadWrapper):
+        logits, hidden, k, v = wrapper(ids, pos, mask, extra[C.EAGLE_TAPS], extra[C.EAGLE_FEATURES], past)
+        return logits, hidden, None, (k, v)
+    logits, hidden, *rest = wrapper(ids, pos, mask, past)
+    if wrapper.taps:
+        return logits, hidden, rest[0], tuple(rest[1:])
+    return logits, hidden, None, tuple(rest)
 
 class TorchKVCache(CacheLength):
     """Static [1, max_context, H_kv, D] tensors per layer on the model's device; ``length`` is the truth."""
@@ -103,14 +124,14 @@ class TorchKVCache(CacheLength):
 
 
 def static_step(wrapper, cache: TorchKVCache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                slots: torch.Tensor, extra: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """One forward over the WHOLE static cache (what a CUDA graph can capture: fixed shapes and
-    addresses); the new K/V are scattered into the cache rows ``slots``."""
+    addresses); the new K/V are scattered into the cache rows ``slots``. (logits, hidden[, taps])."""
     past = cache.buffers()
-    logits, hidden, *new = wrapper(ids, pos, mask, past)
+    logits, hidden, taps, new = call(wrapper, ids, pos, mask, past, extra)
     for buf, kv in zip(past, new):
         buf.index_copy_(1, slots, kv)
-    return logits, hidden
+    return (logits, hidden) if taps is None else (logits, hidden, taps)
 
 
 def cuda_capture(step: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
@@ -132,7 +153,9 @@ class _Graph:
     """One captured :func:`static_step` of a fixed bucket width; inputs are static tensors refilled
     before each replay."""
 
-    def __init__(self, wrapper, cache: TorchKVCache, bucket: int, capture=cuda_capture) -> None:
+    def __init__(self, wrapper, cache: TorchKVCache, bucket: int, capture=cuda_capture,
+                 extra_widths: dict[str, int] | None = None) -> None:
+        extra_widths = extra_widths or {}
         dev = cache.keys[0].device
         if cache.length + bucket > cache.max_context:
             raise ValueError(f"a bucket of {bucket} after {cache.length} rows overruns the cache ({cache.max_context})")
@@ -143,11 +166,16 @@ class _Graph:
         # The warm-up runs write their new K/V to these rows: the ones right after the valid length,
         # which hold nothing yet (a graph first captured after a prefill must not touch rows 0..bucket-1).
         self.slots = torch.arange(cache.length, cache.length + bucket, device=dev)
+        # An EAGLE-3 head's taps and features rows: static too, zero past the real rows
+        self.extra = {name: torch.zeros(1, bucket, width, dtype=cache.keys[0].dtype, device=dev)
+                      for name, width in extra_widths.items()}
 
         def step():
-            return static_step(wrapper, cache, self.ids, self.pos, self.mask, self.slots)
+            return static_step(wrapper, cache, self.ids, self.pos, self.mask, self.slots, self.extra)
 
-        self.graph, (self.logits, self.hidden) = capture(step)
+        self.graph, outputs = capture(step)
+        self.logits, self.hidden, *rest = outputs
+        self.taps = rest[0] if rest else None
 
 
 class TorchDecoder:
@@ -168,9 +196,14 @@ class TorchDecoder:
             torch.set_num_threads(threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.entry = entry
-        model = load_causal_lm(entry.source, entry.dtype).to(self.device)
-        self.wrapper = DecoderWrapper(adapter_for(entry.architecture)(model))
         self.dtype = getattr(torch, entry.dtype)
+        if entry.kind == "eagle3":
+            self.wrapper = _head_wrapper(Path(bundle_dir), entry).to(self.device)
+            self.extra_widths = {C.EAGLE_TAPS: entry.tap_width, C.EAGLE_FEATURES: entry.dims.hidden_size}
+        else:
+            model = load_causal_lm(entry.source, entry.dtype).to(self.device)
+            self.wrapper = DecoderWrapper(adapter_for(entry.architecture)(model), taps=entry.eagle_taps)
+            self.extra_widths = {}
         self.provider = f"torch-{self.device.type}"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.device_logits = self.device.type == "cuda" if device_logits is None else device_logits
@@ -182,36 +215,71 @@ class TorchDecoder:
         d = self.entry.dims
         return TorchKVCache(d.num_layers, max_context, d.num_kv_heads, d.head_dim, self.dtype, self.device)
 
+    supports_eagle = True
+
     @torch.inference_mode()
     def forward(self, cache: TorchKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray) -> DecoderOutput:
+                mask: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
         q_len, past_len = len(input_ids), cache.length
+        if set(extra or {}) != set(self.extra_widths):
+            raise BundleError(f"internal: {self.entry.file} reads {sorted(self.extra_widths) or 'no extra inputs'}, "
+                              f"was given {sorted(extra or {}) or 'none'}")
         cache.ensure_room(q_len)
         bucket = choose_bucket(q_len, self.buckets) if self.use_graphs else None
         if bucket is not None and past_len + bucket <= cache.max_context:
-            return self._replay(cache, input_ids, position_ids, mask, bucket)
-        return self._eager(cache, input_ids, position_ids, mask)
+            return self._replay(cache, input_ids, position_ids, mask, bucket, extra or {})
+        return self._eager(cache, input_ids, position_ids, mask, extra or {})
 
-    def _eager(self, cache, input_ids, position_ids, mask) -> DecoderOutput:
+    def _rows(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(rows), device=self.device).to(self.dtype)[None]
+
+    def _eager(self, cache, input_ids, position_ids, mask, extra) -> DecoderOutput:
         # copied (a few KB): the runtime's masks may be read-only views, which torch will not wrap
         t = lambda a, dt: torch.tensor(a, dtype=dt, device=self.device)  # noqa: E731
         past_len, q_len = cache.length, len(input_ids)
         buffers = cache.buffers()
-        logits, hidden, *new = self.wrapper(t(input_ids, torch.long)[None], t(position_ids, torch.long)[None],
-                                            t(mask, torch.bool), tuple(b[:, :past_len] for b in buffers))
+        logits, hidden, taps, new = call(self.wrapper, t(input_ids, torch.long)[None], t(position_ids, torch.long)[None],
+                                         t(mask, torch.bool), tuple(b[:, :past_len] for b in buffers),
+                                         {name: self._rows(rows) for name, rows in extra.items()})
         for buf, kv in zip(buffers, new):
             buf[:, past_len:past_len + q_len] = kv
-        return _output(logits[0], hidden[0], self.device_logits)
+        return _output(logits[0], hidden[0], self.device_logits, None if taps is None else taps[0])
 
-    def _replay(self, cache, input_ids, position_ids, mask, bucket: int) -> DecoderOutput:
+    def _replay(self, cache, input_ids, position_ids, mask, bucket: int, extra) -> DecoderOutput:
         key = (id(cache), bucket)
         if key not in self.graphs:
-            self.graphs[key] = _Graph(self.wrapper, cache, bucket, self.capture)
+            self.graphs[key] = _Graph(self.wrapper, cache, bucket, self.capture, self.extra_widths)
         g = self.graphs[key]
         q_len, past_len = len(input_ids), cache.length
         g.ids.copy_(torch.from_numpy(pad_to(np.asarray(input_ids, np.int64), bucket))[None])
         g.pos.copy_(torch.from_numpy(pad_to(np.asarray(position_ids, np.int64), bucket, fill=past_len))[None])
         g.mask.copy_(torch.from_numpy(static_mask(mask, past_len, cache.max_context, bucket)))
         g.slots.copy_(torch.arange(past_len, past_len + bucket))
+        for name, rows in extra.items():
+            g.extra[name].zero_()
+            g.extra[name][:, :q_len] = self._rows(rows)
         g.graph.replay()
-        return _output(g.logits[0, :q_len], g.hidden[0, :q_len], self.device_logits)
+        taps = None if g.taps is None else g.taps[0, :q_len]
+        return _output(g.logits[0, :q_len], g.hidden[0, :q_len], self.device_logits, taps)
+
+
+def _head_wrapper(bundle_dir: Path, entry: ModelEntry):
+    """The head the bundle's EAGLE-3 graph was exported from, as that graph computes it: its lm_head rows in
+    the bundle's ascending vocabulary map, the target's embedding table where the head ships none."""
+    from ..bundle.manifest import load_manifest
+    from .eagle import load_eagle3
+    from .eagle_export import HeadWrapper, ascending_vocab, export_copy
+    from .loading import load_causal_lm
+
+    manifest = load_manifest(bundle_dir)
+    _cfg, head, d2t, _t2d = load_eagle3(entry.source)
+    order, vocab_map = ascending_vocab(d2t)
+    if not np.array_equal(vocab_map, np.load(bundle_dir / entry.vocab_map, allow_pickle=False)):
+        raise BundleError(f"the EAGLE-3 head at {entry.source} is not the one this bundle was exported with (its "
+                          "vocabulary map differs): re-export, or use --backend onnxruntime")
+    embedding = None
+    if head.embed_tokens is None:
+        embedding = load_causal_lm(manifest.target.source, "float32").get_input_embeddings().weight
+    return HeadWrapper(export_copy(head, getattr(torch, entry.dtype), order), embedding, fused=False,
+                       positions=manifest.max_context)
