@@ -140,24 +140,16 @@ def test_auto_is_eagle_where_the_bundle_has_a_head(eagle_gen):
     assert eagle_gen.generate("def f(x):", max_new_tokens=6).stats.method == "eagle"
 
 
-@pytest.mark.parametrize("gamma", [1, 3, "auto"])
-def test_greedy_eagle_equals_plain_decoding(eagle_gen, gamma):
+@pytest.mark.parametrize("options", [dict(method="eagle", gamma=1), dict(method="eagle", gamma=3),
+                                     dict(method="eagle", gamma="auto"), dict(method="eagle-tree", eagle_tree="2,3,5"),
+                                     dict(method="eagle-tree", eagle_tree="4,4,16"),
+                                     dict(method="eagle-tree", eagle_tree="1,2,1")])
+def test_greedy_eagle_equals_plain_decoding(eagle_gen, options):
     from support.exactness import PROMPTS
 
     for prompt in PROMPTS:
         plain = eagle_gen.generate(prompt, max_new_tokens=30, method="none")
-        spec = eagle_gen.generate(prompt, max_new_tokens=30, method="eagle", gamma=gamma)
-        assert spec.token_ids == plain.token_ids
-        assert spec.stats.draft_passes > 0
-
-
-@pytest.mark.parametrize("shape", ["2,3,5", "4,4,16", "1,2,1"])
-def test_greedy_eagle_tree_equals_plain_decoding(eagle_gen, shape):
-    from support.exactness import PROMPTS
-
-    for prompt in PROMPTS:
-        plain = eagle_gen.generate(prompt, max_new_tokens=30, method="none")
-        spec = eagle_gen.generate(prompt, max_new_tokens=30, method="eagle-tree", eagle_tree=shape)
+        spec = eagle_gen.generate(prompt, max_new_tokens=30, **options)
         assert spec.token_ids == plain.token_ids
         assert spec.stats.draft_passes > 0
 
