@@ -116,17 +116,21 @@ def headline(data: dict) -> str:
 def bench_table(data: dict) -> str:
     """Every column `specrt bench` reports per method (what benchmarks/table.py printed)."""
     cfg = data["config"]
+    greedy = cfg["temperature"] == 0
     rows = []
     for name, m in data["methods"].items():
-        label = {"draft": f"draft (γ = {cfg['gamma']})",
+        label = {"draft": f"draft (γ = {cfg['gamma']})", "eagle": f"eagle (γ = {cfg['gamma']})",
+                 "eagle-tree": f"eagle-tree ({cfg.get('eagle_tree')})",
                  "tree": f"tree ({','.join(map(str, cfg['tree']))})"}.get(name, name)
         rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
                      _f(m["tokens_per_target_pass"], ".2f"), _f(m["alpha"], ".2f"), _f(m["acceptance_rate"], ".2f"),
                      _f(m["c"] if name not in ("none", "medusa") else None, ".3f"),  # heads' cost is inside verify
                      _f(m["verify_cost"], ".2f"), _x(m.get("predicted_speedup")),
-                     _x(m.get("predicted_with_verify_cost")), "yes" if m["greedy_matches_none"] else "NO"])
+                     _x(m.get("predicted_with_verify_cost")),
+                     ("yes" if m["greedy_matches_none"] else "NO") if greedy else _x(m.get("vs_greedy_none"))])
     return _md(["method", "tokens/s", "speedup", "tokens / target pass", "α (Σmin)", "accepted / drafted", "c",
-                "verify cost", "predicted (theory)", "predicted with verify cost", "greedy = none"], rows)
+                "verify cost", "predicted (theory)", "predicted with verify cost",
+                "greedy = none" if greedy else "vs greedy none"], rows)
 
 
 def roofline(data: dict) -> str:
@@ -182,6 +186,9 @@ table("demo-int4-cpu", "demo-int4-cpu.json")(versus_peer)
 table("demo-int4-cpu-full", "demo-int4-cpu.json")(bench_table)
 table("demo-int4-cpu-roofline", "demo-int4-cpu.json")(roofline)
 table("smollm2-eagle-cpu", "smollm2-eagle-cpu.json")(bench_table)
+table("smollm2-eagle3-cpu", "smollm2-eagle3-cpu.json")(bench_table)
+table("smollm2-eagle3-int8-cpu", "smollm2-eagle3-int8-cpu.json")(bench_table)
+table("smollm2-eagle3-t07-cpu", "smollm2-eagle3-t07-cpu.json")(bench_table)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
