@@ -28,6 +28,14 @@ class Check:
     figures: dict = field(default_factory=dict)
 
 
+def _encode(gen: SpeculativeGenerator, prompt: str, chat: bool) -> list[int]:
+    return gen.encode_chat([{"role": "user", "content": prompt}]) if chat else gen.encode(prompt)
+
+
+def _generate(gen: SpeculativeGenerator, prompt: str, chat: bool, **options):
+    return gen.stream_ids(_encode(gen, prompt, chat), **options).result
+
+
 def check_golden(gen: SpeculativeGenerator, role: str) -> Check:
     """This backend's logits vs PyTorch's at export, on the manifest's fixed prompt."""
     entry = gen.manifest.models[role]
@@ -66,14 +74,15 @@ def _golden_agreement(name: str, entry, logits: np.ndarray, provider: str) -> Ch
 
 
 def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max_new_tokens: int,
-                 gamma: int, plain: list[list[int]] | None = None) -> tuple[Check, float | None, float]:
+                 gamma: int, plain: list[list[int]] | None = None, chat: bool = False
+                 ) -> tuple[Check, float | None, float]:
     """Greedy speculation must reproduce plain greedy decoding (``plain``: its ids per prompt, decoded here
     if not given) token for token. Returns (check, α, c)."""
     bad, drafted, accepted, c_values = [], 0, 0, []
     for i, prompt in enumerate(prompts):
         plain_ids = (plain[i] if plain is not None
-                     else gen.generate(prompt, max_new_tokens=max_new_tokens, method="none").token_ids)
-        spec = gen.generate(prompt, max_new_tokens=max_new_tokens, method=method, gamma=gamma)
+                     else _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method="none").token_ids)
+        spec = _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method=method, gamma=gamma)
         if spec.token_ids != plain_ids:
             first = next((j for j, (a, b) in enumerate(zip(spec.token_ids, plain_ids)) if a != b), len(plain_ids))
             bad.append(f"prompt {i} differs at token {first}")
@@ -117,16 +126,17 @@ def compare_to_exact(name: str, counts: Counter, exact: dict[tuple[int, ...], fl
 
 
 def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples: int, gamma: int,
-                   tokens: int = 4, top_k: int = 2, on_sample: Callable[[], None] | None = None) -> Check:
+                   tokens: int = 4, top_k: int = 2, on_sample: Callable[[], None] | None = None,
+                   chat: bool = False) -> Check:
     """Sampled speculation vs the target's exact distribution of the first ``tokens`` generated tokens (after
     the first, all go through draft → verify → accept), enumerated from the target alone; top-k keeps the
     support small: at most top_k^tokens sequences. Against the exact side, n samples test as tightly as 4n
     would against a second empirical sample, at a quarter of the generations."""
     sampling = SamplingConfig(temperature=1.0, top_k=top_k)
-    exact = exact_distribution(gen, gen.encode(prompt), tokens, sampling)
+    exact = exact_distribution(gen, _encode(gen, prompt, chat), tokens, sampling)
     counts: Counter = Counter()
     for seed in range(samples):
-        counts[tuple(gen.generate(prompt, max_new_tokens=tokens, method=method, gamma=gamma, temperature=1.0,
+        counts[tuple(_generate(gen, prompt, chat, max_new_tokens=tokens, method=method, gamma=gamma, temperature=1.0,
                                   top_k=top_k, seed=seed).token_ids)] += 1
         if on_sample:
             on_sample()
@@ -149,9 +159,11 @@ def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_g
 
 
 def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 500, max_new_tokens: int = 32,
-                  gamma: int = 4, on_progress: Callable[[str, int, int], None] | None = None) -> Iterator[Check]:
+                  gamma: int = 4, on_progress: Callable[[str, int, int], None] | None = None,
+                  chat: bool = False) -> Iterator[Check]:
     """The checks one by one, each as soon as it is decided; ``on_progress(what, done, total)`` while the
-    sampled check draws."""
+    sampled check draws. ``chat``: each prompt is a user's message in the bundle's chat template (what an
+    instruct model, and a head trained on its replies, are for)."""
     # An EAGLE-3 head's graph was checked against PyTorch at export; on this backend it is checked by what
     # it must never change (greedy == plain, sampling ~ the target) and whether it pays.
     for role, entry in gen.manifest.models.items():
@@ -160,9 +172,9 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
     head = gen.manifest.eagle is not None
     methods = ((["eagle", "eagle-tree"] if head else []) + (["draft"] if gen.manifest.draft is not None else [])
                + ["ngram"])
-    plain = [gen.generate(p, max_new_tokens=max_new_tokens, method="none").token_ids for p in prompts]
+    plain = [_generate(gen, p, chat, max_new_tokens=max_new_tokens, method="none").token_ids for p in prompts]
     for method in methods:
-        greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma, plain)
+        greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma, plain, chat)
         yield greedy
         if method in ("draft", "eagle"):
             yield check_draft_pays(alpha, c, method)
@@ -175,4 +187,4 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
             if on_progress:
                 on_progress(f"sampling {method}", done, samples)
 
-        yield check_sampling(gen, method, prompts[0], samples, gamma, on_sample=step)
+        yield check_sampling(gen, method, prompts[0], samples, gamma, on_sample=step, chat=chat)

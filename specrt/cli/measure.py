@@ -212,7 +212,9 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
                    "distribution (enumerated, not sampled): 500 test as tightly as 2000 per side compared with "
                    "a second sample would.")
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
-@click.option("--prompt-set", type=click.Choice(["code", "prose", "all"]), default="all", show_default=True)
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]), default="all", show_default=True,
+              help="chat: 12 of the shipped chat prompts as user messages in the bundle's chat template (instruct "
+                   "models, and heads trained on their replies).")
 @backend_option
 def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str) -> None:
     """Check a bundle on this backend: PASS/FAIL with figures, exit code 1 on any FAIL.
@@ -252,8 +254,10 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
                 tasks[what] = bar.add_task(what, total=total)
             bar.update(tasks[what], completed=done)
 
-        for ch in verify_bundle(gen, builtin_prompts(prompt_set), samples=samples, max_new_tokens=max_new_tokens,
-                                on_progress=on_progress):
+        chat = prompt_set == "chat"
+        prompts = builtin_prompts("chat")[-12:] if chat else builtin_prompts(prompt_set)
+        for ch in verify_bundle(gen, prompts, samples=samples, max_new_tokens=max_new_tokens,
+                                on_progress=on_progress, chat=chat):
             checks.append(ch)
             click.echo(f"{'PASS' if ch.passed else 'FAIL'}  {ch.name}: {ch.detail}")  # above the bar (rich)
     failed = [ch for ch in checks if not ch.passed]

@@ -260,3 +260,13 @@ def test_plan_measures_the_head(eagle_bundle, chat_bundle):
     assert "eagle measured on 8 prompts" in res.output and "head / target matmul FLOPs" in res.output
     res = CliRunner().invoke(main, ["plan", "--bundle", str(chat_bundle)])
     assert res.exit_code == 1 and "neither an EAGLE-3 head nor a draft model" in res.output
+
+
+def test_verify_chat_renders_each_prompt_in_the_template(chat_bundle):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["verify", "--bundle", str(chat_bundle), "--prompt-set", "chat", "--samples", "60",
+                                    "--max-new-tokens", "8"])
+    assert "PASS  greedy ngram == plain: 12/12" in res.output and "PASS  sampled ngram ~ target" in res.output, res.output
