@@ -126,7 +126,7 @@ def compare_to_exact(name: str, counts: Counter, exact: dict[tuple[int, ...], fl
 
 
 def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples: int, gamma: int,
-                   tokens: int = 4, top_k: int = 2, on_sample: Callable[[], None] | None = None,
+                   tokens: int = 4, top_k: int = 2, on_sample: Callable[[int], None] | None = None,
                    chat: bool = False) -> Check:
     """Sampled speculation vs the target's exact distribution of the first ``tokens`` generated tokens (after
     the first, all go through draft → verify → accept), enumerated from the target alone; top-k keeps the
@@ -139,7 +139,7 @@ def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples:
         counts[tuple(_generate(gen, prompt, chat, max_new_tokens=tokens, method=method, gamma=gamma, temperature=1.0,
                                   top_k=top_k, seed=seed).token_ids)] += 1
         if on_sample:
-            on_sample()
+            on_sample(seed + 1)  # draws done
     return compare_to_exact(f"sampled {method} ~ target", counts, exact,
                             f"the first {tokens} tokens; temperature 1, top-k {top_k}")
 
@@ -179,12 +179,5 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
         if method in ("draft", "eagle"):
             yield check_draft_pays(alpha, c, method)
     for method in methods[:2] if head else methods[:1]:  # the chain, and the tree's point-mass acceptance
-        done = 0
-
-        def step(method: str = method) -> None:
-            nonlocal done
-            done += 1
-            if on_progress:
-                on_progress(f"sampling {method}", done, samples)
-
+        step = (lambda done, m=method: on_progress(f"sampling {m}", done, samples)) if on_progress else None
         yield check_sampling(gen, method, prompts[0], samples, gamma, on_sample=step, chat=chat)

@@ -115,23 +115,27 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
 
 
 
+def _prompt_ids(bundle: Path, manifest: Manifest, prompts: list[str], shortest: int) -> list[np.ndarray]:
+    """Each prompt's ids by the bundle's tokenizer, cut to its context; those shorter than ``shortest`` left out."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundle / manifest.tokenizer.file))
+    encoded = (np.array(tok.encode(p, add_special_tokens=False).ids[: manifest.max_context], np.int64)
+               for p in prompts)
+    return [ids for ids in encoded if ids.size >= shortest]
+
+
 def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, role: str,
                         prompts: list[str]) -> dict[str, float]:
     """Mean KL(p_float || p_quantized) and decisive top-1 agreement over every position of the prompts
     (one prefill each), both bundles on ONNX Runtime CPU."""
-    from tokenizers import Tokenizer
-
     from ..runtime.backends.onnxruntime import OrtDecoder
     from ..runtime.masks import causal_mask
 
     entry = manifest.models[role]
-    tok = Tokenizer.from_file(str(reference / manifest.tokenizer.file))
     decoders = [OrtDecoder(folder, entry, threads=None) for folder in (reference, quantized)]
     kls, agree, decisive = [], 0, 0
-    for prompt in prompts:
-        ids = np.array(tok.encode(prompt, add_special_tokens=False).ids[: manifest.max_context], np.int64)
-        if ids.size == 0:
-            continue
+    for ids in _prompt_ids(reference, manifest, prompts, 1):
         rows = [d.forward(d.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits.copy()
                 for d in decoders]
         kls.extend(row_kl(rows[0], rows[1]))
@@ -146,23 +150,18 @@ def head_acceptance(bundles: list[Path], manifest: Manifest, prompts: list[str])
     """Per bundle (same head, float or quantized target): the EAGLE-3 head's greedy first-draft acceptance,
     teacher-forced over every position of the prompts: how often the head's argmax, read from that target's
     taps, is the target's own next greedy token. What quantizing the target costs the head, in one figure."""
-    from tokenizers import Tokenizer
-
     from ..runtime.backends.onnxruntime import OrtDecoder
     from ..runtime.masks import causal_mask
 
     head_entry = manifest.eagle
-    tok = Tokenizer.from_file(str(bundles[0] / manifest.tokenizer.file))
+    prompt_ids = _prompt_ids(bundles[0], manifest, prompts, 3)  # a row to score needs two tokens after it
     vocab_map = np.load(bundles[0] / head_entry.vocab_map, allow_pickle=False)
     head = OrtDecoder(bundles[0], head_entry, threads=None, role="draft")
     out = []
     for folder in bundles:
         target = OrtDecoder(folder, manifest.target, threads=None)
         hits = total = 0
-        for prompt in prompts:
-            ids = np.array(tok.encode(prompt, add_special_tokens=False).ids[: manifest.max_context], np.int64)
-            if ids.size < 3:
-                continue
+        for ids in prompt_ids:
             n = len(ids)
             run = target.forward(target.new_cache(n), ids, np.arange(n), causal_mask(n, 0))
             best, taps = run.logits.argmax(-1), run.extra[C.EAGLE_TAPS][: n - 1].copy()

@@ -16,7 +16,7 @@ import torch
 
 from ..bundle import contract as C
 from ..bundle.manifest import ModelEntry
-from ..errors import BundleError
+from ..errors import BundleError, SpecrtError
 from ..runtime.backends.base import DecoderOutput
 from ..runtime.backends.buckets import (
     DEFAULT_BUCKETS,
@@ -223,7 +223,7 @@ class TorchDecoder:
         """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
         q_len, past_len = len(input_ids), cache.length
         if set(extra or {}) != set(self.extra_widths):
-            raise BundleError(f"internal: {self.entry.file} reads {sorted(self.extra_widths) or 'no extra inputs'}, "
+            raise SpecrtError(f"internal: {self.entry.file} reads {sorted(self.extra_widths) or 'no extra inputs'}, "
                               f"was given {sorted(extra or {}) or 'none'}")
         cache.ensure_room(q_len)
         bucket = choose_bucket(q_len, self.buckets) if self.use_graphs else None

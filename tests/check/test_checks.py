@@ -61,8 +61,8 @@ def test_greedy_and_sampling_checks_pass_on_an_exact_runtime(close):
     greedy, alpha, c = check_greedy(close, "draft", prompts, 24, 4)
     assert greedy.passed and 0 < alpha < 1 and c > 0
     seen = []
-    ch = check_sampling(close, "draft", prompts[0], samples=300, gamma=4, on_sample=lambda: seen.append(1))
-    assert ch.passed and ch.figures["outcomes"] <= 16 and len(seen) == 300
+    ch = check_sampling(close, "draft", prompts[0], samples=300, gamma=4, on_sample=seen.append)
+    assert ch.passed and ch.figures["outcomes"] <= 16 and seen == list(range(1, 301))
 
 
 def test_the_sampling_check_catches_a_biased_sampler():
