@@ -243,7 +243,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     from ..measure.bench import read_prompts
 
     with torch_side("eagle train"):
-        from ..export.eagle_train import EagleTrainConfig, rich_progress, train_eagle
+        from ..export.eagle_train import EagleTrainConfig, train_eagle
+        from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
                            num_sequences=num_sequences)

@@ -10,7 +10,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
+from .progress import PhaseProgress
 
 if TYPE_CHECKING:
     from .eagle_train import EagleTrainConfig
@@ -29,7 +30,7 @@ _MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
 # progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
 # (steps; loss is the step's weighted TTT loss, None on the call that announces a resumed start) or
 # "evaluate" (held-out batches). Raising from it stops training; the last checkpoint stays resumable.
-Progress = Callable[[str, int, int, float | None], None]
+Progress = PhaseProgress
 
 
 @dataclass

@@ -372,7 +372,7 @@ def test_a_fresh_run_ignores_a_stale_checkpoint(target, tmp_path):
 
 def test_progress_without_a_terminal_is_one_line_per_tenth(capsys):
     """A run logged to a file (nohup, CI) must still say how far it is: rich draws nothing off a terminal."""
-    from specrt.export.eagle_train import rich_progress
+    from specrt.export.progress import rich_progress
 
     with rich_progress() as update:
         for i in range(101):
