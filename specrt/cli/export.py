@@ -44,12 +44,15 @@ from .options import (
                    "fc, midlayer.*, lm_head, d2t, t2d): adds eagle.onnx and its vocabulary map, and the target graph "
                    "outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
 @click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=parse_bits,
-              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits.")
-@quantize_layout_options(" (with --quantize)")
+              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits. "
+                   "Without it the target stays float; --draft-quantize / --eagle-quantize int4|int8 still "
+                   "quantize the proposer alone.")
+@quantize_layout_options(" (when anything is quantized)")
 @force_option
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
-           eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None, force: bool) -> None:
+           eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None,
+           eagle_quantize: int | str | None, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures: llama, mistral, qwen2,
@@ -61,6 +64,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     Examples:
       specrt export ./llama-1b --draft ./llama-68m -o bundle --dtype fp16
       specrt export ./llama-1b --draft ./llama-68m -o bundle-int4 --quantize int4
+      specrt export ./smollm2 --eagle head -o bundle --eagle-quantize int8   # fp32 target, int8 head
     """
     with torch_side("export"):
         from transformers.utils import logging as hf_logging
@@ -75,7 +79,9 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
                             medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
-    qopts = QuantizeOptions(quantize, block_size, draft_quantize, force=force) if quantize else None
+    proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
+    qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize)
+             if quantize or proposer_only else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
@@ -84,25 +90,28 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Quantized bundle to create.")
-@click.option("--bits", type=click.Choice(["int4", "int8"]), default="int4", show_default=True, callback=parse_bits)
+@click.option("--bits", type=click.Choice(["int4", "int8", "none"]), default="int4", show_default=True,
+              callback=parse_bits, help="The target's bits; none keeps it float (then quantize a proposer).")
 @quantize_layout_options()
 @force_option
-def quantize(bundle: str, output: str, bits: int, block_size: int, draft_quantize: int | str | None,
-             force: bool) -> None:
+def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_quantize: int | str | None,
+             eagle_quantize: int | str | None, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
-    lookup). Each graph must stay close to the float one in distribution (mean KL and top-1 agreement on the shipped
-    prompts) before OUT appears. Speculation stays exact with respect to the quantized target.
+    lookup). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
+    agreement on the shipped prompts) before OUT appears; an EAGLE-3 head, a proposer only, has its first-draft
+    acceptance measured and recorded instead. Speculation stays exact with respect to the (quantized) target.
 
     \b
-    Example:
+    Examples:
       specrt quantize bundle -o bundle-int4 --bits int4 --block-size 32
+      specrt quantize bundle -o bundle-qhead --bits none --eagle-quantize int8   # float target, int8 head
     """
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 
-    manifest = quantize_bundle(bundle, output, QuantizeOptions(bits, block_size, draft_quantize, force=force),
-                               progress=click.echo)
+    options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize)
+    manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output}")
 

@@ -104,7 +104,12 @@ def quantize_layout_options(note: str = "") -> Callable:
         click.option("--block-size", type=click.Choice(["16", "32", "64", "128"]), default="32", show_default=True,
                      callback=lambda c, p, v: int(v), help=f"Weights per quantization scale{note}."),
         click.option("--draft-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
-                     show_default=True, callback=parse_bits, help=f"The draft's quantization{note}."))
+                     show_default=True, callback=parse_bits,
+                     help="The draft's quantization: same as the target's, none (float), int4 or int8."),
+        click.option("--eagle-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
+                     show_default=True, callback=parse_bits,
+                     help="The EAGLE-3 head's quantization, as --draft-quantize. An int8 head drafts at about half "
+                          "an fp32 head's cost; acceptance on the float and the quantized pair is recorded."))
 
 
 def load_bundle(bundle: str | None, **kwargs: Any):

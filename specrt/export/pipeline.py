@@ -57,7 +57,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
 def describe(manifest: Manifest) -> str:
     """What ``specrt export`` prints of a bundle: per model its graph and parity against PyTorch (for a
     quantized bundle, its bits and parity against the float one) and the Medusa tree."""
-    if manifest.target.quantization:
+    if any(e.quantization for e in manifest.models.values()):
         from .quantize import describe as describe_quantized
 
         return describe_quantized(manifest)

@@ -4,8 +4,10 @@ distribution against the bundle they came from. Torch-free: it rewrites ONNX gra
 Every MatMul with a constant weight is quantized, the LM head included: with tied embeddings the head
 reads the embedding matrix through a Transpose, which the quantizer cannot see as a constant, so the
 head gets its own (transposed) copy first and the embedding lookup keeps the float matrix.
-Speculation over a quantized target is exact with respect to that quantized target. An EAGLE-3 head
-is copied unchanged (float) with its vocabulary map, and said so in the target's record and the summary.
+Speculation over a quantized target is exact with respect to that quantized target. Each role has its
+own bits: the target may stay float while the draft or the EAGLE-3 head is quantized (a proposer's bits
+change how often it is right, never what the target emits). A quantized head has no distribution gate:
+what it keeps is measured as its first-draft acceptance on the float pair and on the quantized pair.
 """
 
 from __future__ import annotations
@@ -33,30 +35,35 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 MIN_TOP1 = {4: 0.85, 8: 0.95}
-# What quantize does with an EAGLE-3 head, in the manifest (the target's quantization record) and printed.
-EAGLE_KEPT = "EAGLE-3 head not quantized: copied unchanged (float) with its vocabulary map"
 
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    bits: int = 4
+    """Bits per role: ``bits`` for the target (None: it stays float), ``draft_bits`` and ``eagle_bits`` each
+    "same" (as the target), None (float) or 4 / 8."""
+
+    bits: int | None = 4
     block_size: int = 32
-    draft_bits: int | None | str = "same"  # "same", None (keep the draft's float weights), 4 or 8
+    draft_bits: int | None | str = "same"
     accuracy_level: int = 4  # MatMulNBits: int8 activations, so the CPU kernel uses int8 dot products
     force: bool = False
+    eagle_bits: int | None | str = "same"
 
     def __post_init__(self) -> None:
-        if self.bits not in BITS:
+        if self.bits not in (None, *BITS):
             raise ConfigError(f"--quantize must be int4 or int8, got {self.bits} bits")
         if self.block_size not in BLOCK_SIZES:
             raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
-        if self.draft_bits not in ("same", None, *BITS):
-            raise ConfigError(f"draft quantization must be same, none, int4 or int8, got {self.draft_bits!r}")
+        for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits)):
+            if value not in ("same", None, *BITS):
+                raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
+        if self.bits is None and self.draft_bits in ("same", None) and self.eagle_bits in ("same", None):
+            raise ConfigError("nothing to quantize: the target stays float and so do the draft and the EAGLE-3 head "
+                              "(give --draft-quantize or --eagle-quantize int4/int8)")
 
     def bits_for(self, role: str) -> int | None:
-        if role == "target" or self.draft_bits == "same":
-            return self.bits
-        return self.draft_bits  # type: ignore[return-value]
+        own = {"draft": self.draft_bits, "eagle": self.eagle_bits}.get(role, "same")
+        return self.bits if own == "same" else own  # type: ignore[return-value]
 
 
 def untie_lm_head(model) -> str | None:
@@ -147,19 +154,19 @@ def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, ro
 
 
 def head_acceptance(bundles: list[Path], manifest: Manifest, prompts: list[str]) -> list[float]:
-    """Per bundle (same head, float or quantized target): the EAGLE-3 head's greedy first-draft acceptance,
-    teacher-forced over every position of the prompts: how often the head's argmax, read from that target's
-    taps, is the target's own next greedy token. What quantizing the target costs the head, in one figure."""
+    """Per bundle (each with its own target and head, float or quantized): the EAGLE-3 head's greedy first-draft
+    acceptance, teacher-forced over every position of the prompts: how often the head's argmax, read from that
+    target's taps, is the target's own next greedy token. What quantizing costs the head, in one figure."""
     from ..runtime.backends.onnxruntime import OrtDecoder
     from ..runtime.masks import causal_mask
 
     head_entry = manifest.eagle
     prompt_ids = _prompt_ids(bundles[0], manifest, prompts, 3)  # a row to score needs two tokens after it
     vocab_map = np.load(bundles[0] / head_entry.vocab_map, allow_pickle=False)
-    head = OrtDecoder(bundles[0], head_entry, threads=None, role="draft")
     out = []
     for folder in bundles:
         target = OrtDecoder(folder, manifest.target, threads=None)
+        head = OrtDecoder(folder, head_entry, threads=None, role="draft")
         hits = total = 0
         for ids in prompt_ids:
             n = len(ids)
@@ -191,9 +198,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         if entry.quantization:
             raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
                               "quantize the float bundle it came from")
-        if entry.kind == "eagle3":
-            continue  # kept float (see below): its width need not fit the blocks
-        if entry.dims.hidden_size % options.block_size:
+        if options.bits_for(role) is not None and entry.dims.hidden_size % options.block_size:
             raise ConfigError(f"block size {options.block_size} does not divide the {role}'s hidden size "
                               f"{entry.dims.hidden_size}")
     prompts = prompts if prompts is not None else builtin_prompts("all")
@@ -204,9 +209,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         for role, entry in manifest.models.items():
             bits = options.bits_for(role)
-            if bits is None or entry.kind == "eagle3":
-                # An EAGLE-3 head stays float, copied unchanged with its vocabulary map: it only proposes
-                # tokens the quantized target then verifies, so exactness does not depend on it.
+            if bits is None:
                 continue
             if progress:
                 progress(f"{role}: int{bits}, blocks of {options.block_size}")
@@ -214,24 +217,32 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
             record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
                                     options.accuracy_level)
+            if entry.kind == "eagle3":
+                # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
+                # acceptance on the quantized pair is measured below, once every graph is written.
+                models[role] = replace(entry, quantization=record)
+                continue
             if progress:
                 progress(f"{role}: checking int{bits} against the float graph")
             parity = distribution_parity(src, tmp, manifest, role, prompts)
             record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
-            if role == "target" and manifest.eagle is not None:
-                record["eagle_head"] = EAGLE_KEPT
-                if progress:
-                    progress("eagle: the head's acceptance on the float and the quantized target")
-                before, after = head_acceptance([src, tmp], manifest, prompts)
-                record["eagle_acceptance"] = {"float": before, "quantized": after,
-                                              "measure": "greedy first-draft acceptance, teacher-forced on the "
-                                                         "parity prompts"}
             if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
                                   f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try int8 or a smaller "
                                   "block size")
             models[role] = replace(entry, quantization=record)
+        if manifest.eagle is not None:
+            if progress:
+                progress("eagle: the head's acceptance on the float pair and on this one")
+            head_role = next(r for r, e in manifest.models.items() if e.kind == "eagle3")
+            # Recorded with the head when it was quantized, else with the quantized target.
+            holder = head_role if models[head_role].quantization else "target"
+            before, after = head_acceptance([src, tmp], manifest, prompts)
+            record = {**models[holder].quantization, "eagle_acceptance": {
+                "float": before, "quantized": after,
+                "measure": "greedy first-draft acceptance, teacher-forced on the parity prompts"}}
+            models[holder] = replace(models[holder], quantization=record)
         for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
             models[role] = replace(entry, **graph_cost(tmp / entry.file).manifest_fields())
         quantized = replace(manifest, models=models, engines={})
@@ -240,20 +251,23 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
 
 
 def describe(manifest: Manifest) -> str:
-    """One line per quantized model: bits, bytes before → after, parity."""
+    """One line per model: bits, bytes before → after, parity (a head: its acceptance before and after)."""
     lines = []
     for role, e in manifest.models.items():
         q = e.quantization
         if not q:
-            lines.append(f"{role}: {e.dtype} ({EAGLE_KEPT if e.kind == 'eagle3' else 'not quantized'})")
+            lines.append(f"{role}: {e.dtype} (not quantized)")
             continue
-        p = q["parity"]
-        lines.append(f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
-                     f"{' incl. the LM head' if q['lm_head_untied'] else ''}), {q['bytes_before'] / 2**20:.1f} → "
-                     f"{q['bytes_after'] / 2**20:.1f} MiB; vs float: mean KL {p['mean_kl']:.4f}, top-1 "
-                     f"{p['top1_agreement']:.3f} over {p['decisive_positions']} decisive positions"
-                     + (f"; EAGLE-3 head's first-draft acceptance {q['eagle_acceptance']['float']:.3f} on the "
-                        f"float target, {q['eagle_acceptance']['quantized']:.3f} on this one"
-                        if "eagle_acceptance" in q else ""))
+        line = (f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
+                f"{' incl. the LM head' if q['lm_head_untied'] else ''}), {q['bytes_before'] / 2**20:.1f} → "
+                f"{q['bytes_after'] / 2**20:.1f} MiB")
+        if "parity" in q:
+            p = q["parity"]
+            line += (f"; vs float: mean KL {p['mean_kl']:.4f}, top-1 {p['top1_agreement']:.3f} over "
+                     f"{p['decisive_positions']} decisive positions")
+        if "eagle_acceptance" in q:
+            a = q["eagle_acceptance"]
+            line += (f"; EAGLE-3 head's first-draft acceptance {a['float']:.3f} on the float pair, "
+                     f"{a['quantized']:.3f} on this one")
+        lines.append(line)
     return "\n".join(lines)
-

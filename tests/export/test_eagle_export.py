@@ -25,12 +25,11 @@ from specrt.bundle import contract as C
 from specrt.bundle.manifest import load_manifest
 from specrt.bundle.parity import PARITY_TOLERANCE
 from specrt.cli import main
-from specrt.errors import EagleHeadError, ParityError
+from specrt.errors import ConfigError, EagleHeadError, ParityError
 from specrt.export import eagle_export
 from specrt.export.bundle import ExportOptions, export_bundle
 from specrt.export.eagle import draft_logits_to_target, load_eagle3, tap_layers
 from specrt.export.quantize import (
-    EAGLE_KEPT,
     QuantizeOptions,
     describe,
     quantize_bundle,
@@ -301,13 +300,12 @@ def test_other_llama_style_targets(tmp_path, arch):
 # --- quantize and TensorRT ----------------------------------------------------------------------------
 
 
-def test_quantize_keeps_the_head_float_and_unchanged(portable_bundle, tmp_path):
+def test_quantize_can_keep_the_head_float_and_unchanged(portable_bundle, tmp_path):
     out = tmp_path / "int8"
-    q = quantize_bundle(portable_bundle, out, QuantizeOptions(bits=8, block_size=16))
+    q = quantize_bundle(portable_bundle, out, QuantizeOptions(bits=8, block_size=16, eagle_bits=None))
     m = load_manifest(portable_bundle)
     assert q.eagle.quantization is None and q.target.quantization["bits"] == 8
     assert q.draft.quantization["bits"] == 8
-    assert q.target.quantization["eagle_head"] == EAGLE_KEPT
     assert (q.eagle.eagle_taps, q.eagle.tap_width, q.eagle.vocab_map, q.eagle.parity) == (
         m.eagle.eagle_taps, m.eagle.tap_width, m.eagle.vocab_map, m.eagle.parity)
     assert q.target.eagle_taps == m.target.eagle_taps
@@ -315,8 +313,9 @@ def test_quantize_keeps_the_head_float_and_unchanged(portable_bundle, tmp_path):
         assert (out / name).read_bytes() == (portable_bundle / name).read_bytes()
     graph = onnx.load(str(out / "target.onnx"))
     assert [o.name for o in graph.graph.output][2] == C.EAGLE_TAPS
-    assert f"eagle: float32 ({EAGLE_KEPT})" in describe(load_manifest(out))
-    # What the quantized target costs the head, recorded: teacher-forced first-draft acceptance on each
+    assert "eagle: float32 (not quantized)" in describe(load_manifest(out))
+    # What the quantized target costs the float head, recorded with the target: teacher-forced first-draft
+    # acceptance on the float pair and on this one
     acc = q.target.quantization["eagle_acceptance"]
     assert 0 <= acc["quantized"] <= 1 and abs(acc["quantized"] - acc["float"]) <= 0.1
     assert "first-draft acceptance" in describe(load_manifest(out))
@@ -325,6 +324,44 @@ def test_quantize_keeps_the_head_float_and_unchanged(portable_bundle, tmp_path):
     same = head_acceptance([portable_bundle, portable_bundle], m, ["def fib(n):\n    return", "import os\n"])
     assert same[0] == same[1]
 
+
+def _weight_matmuls(path) -> tuple[int, int]:
+    """(float MatMuls with a constant weight, MatMulNBits) in the graph at ``path``."""
+    graph = onnx.load(str(path)).graph
+    weights = {t.name for t in graph.initializer}
+    return (sum(n.op_type == "MatMul" and n.input[1] in weights for n in graph.node),
+            sum(n.op_type == "MatMulNBits" for n in graph.node))
+
+
+@pytest.mark.parametrize("target_bits", [8, None])
+def test_quantize_quantizes_the_head_and_eagle_stays_exact(portable_bundle, tmp_path, target_bits):
+    """By default the head follows the target's bits; a float target may have an int8 head alone. Either
+    way eagle's greedy tokens are the (quantized or float) target's own."""
+    from specrt import load
+
+    out = tmp_path / "q"
+    q = quantize_bundle(portable_bundle, out, QuantizeOptions(bits=target_bits, block_size=16, eagle_bits=8,
+                                                              draft_bits=None))
+    float_left, nbits = _weight_matmuls(out / "eagle.onnx")
+    assert float_left == 0 and nbits == len(q.eagle.quantization["quantized_matmuls"]) >= 6
+    assert q.eagle.weight_bytes < load_manifest(portable_bundle).eagle.weight_bytes
+    assert (out / "eagle_vocab.npy").read_bytes() == (portable_bundle / "eagle_vocab.npy").read_bytes()
+    acc = q.eagle.quantization["eagle_acceptance"]
+    assert 0 <= acc["quantized"] <= 1 and abs(acc["quantized"] - acc["float"]) <= 0.15
+    if target_bits is None:
+        assert q.target.quantization is None
+        assert (out / "target.onnx").read_bytes() == (portable_bundle / "target.onnx").read_bytes()
+    lines = describe(load_manifest(out))
+    assert "eagle: int8" in lines and "first-draft acceptance" in lines
+    gen = load(out)
+    prompt = "def fib(n):\n    "
+    plain = gen.generate(prompt, method="none", max_new_tokens=24)
+    assert gen.generate(prompt, method="eagle", max_new_tokens=24, gamma=3).token_ids == plain.token_ids
+
+
+def test_quantize_with_nothing_to_quantize_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="nothing to quantize"):
+        QuantizeOptions(bits=None, draft_bits="same", eagle_bits=None)
 
 
 def test_tensorrt_builds_the_head_and_runs_it(portable_bundle, tmp_path, monkeypatch):
@@ -439,15 +476,17 @@ def test_unsupported_targets_are_named():
         eagle_export.check_eagle_target("falcon")
 
 
-def test_quantized_export_with_a_head_leaves_only_the_bundle(sources, tmp_path):
-    """`specrt export --eagle --quantize`: float export beside the output, quantized, float removed."""
+@pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--eagle-quantize", "int8"]])
+def test_quantized_export_with_a_head_leaves_only_the_bundle(sources, tmp_path, flags):
+    """`specrt export --eagle --quantize`: float export beside the output, quantized, float removed. The head
+    follows the target's bits, or is quantized alone on a float target."""
     out = tmp_path / "int8"
     res = CliRunner().invoke(main, ["export", str(sources["target"]), "--eagle", str(sources["shuffled"]),
-                                    "--exporter", "torchscript", "--quantize", "int8", "--block-size", "16",
-                                    "-o", str(out)])
+                                    "--exporter", "torchscript", *flags, "--block-size", "16", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert "eagle: float32 (EAGLE-3 head not quantized" in res.output
+    assert "eagle: int8 (blocks of 16" in res.output
     assert [p.name for p in tmp_path.iterdir()] == ["int8"]
     m = load_manifest(out)
-    assert m.eagle is not None and (out / m.eagle.vocab_map).is_file() and m.target.quantization["bits"] == 8
+    assert m.eagle is not None and (out / m.eagle.vocab_map).is_file() and m.eagle.quantization["bits"] == 8
+    assert (m.target.quantization or {}).get("bits") == (8 if "--quantize" in flags else None)
     shutil.rmtree(out)

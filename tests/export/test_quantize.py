@@ -140,3 +140,19 @@ def test_export_and_quantize_record_what_each_pass_reads(int4_close, close_bundl
         assert q.weight_bytes < 0.5 * f.weight_bytes
         # ... for the same arithmetic: MatMulNBits' K x N is the float MatMul's
         assert q.matmul_flops_per_token == f.matmul_flops_per_token
+
+
+def test_a_float_target_with_a_quantized_draft(close_bundle, tmp_path):
+    """The seed's "quantized copy as the draft" on a float target: only the draft is quantized (and gated),
+    the target's graph is copied byte for byte, and speculation still gives the float target's tokens."""
+    out = tmp_path / "qdraft"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=None, block_size=32, draft_bits=8))
+    assert m.target.quantization is None and m.draft.quantization["bits"] == 8
+    assert m.draft.quantization["parity"]["mean_kl"] <= m.draft.quantization["parity"]["max_mean_kl"]
+    assert (out / m.target.file).read_bytes() == (close_bundle / m.target.file).read_bytes()
+    float_gen, gen = specrt.load(close_bundle, threads=1), specrt.load(out, threads=1)
+    for prompt in PROMPTS[:2]:
+        want = float_gen.generate(prompt, max_new_tokens=20, method="none").token_ids
+        assert gen.generate(prompt, max_new_tokens=20, method="draft").token_ids == want, prompt
+    res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "none"), "--bits", "none"])
+    assert res.exit_code == 1 and "nothing to quantize" in res.output and "Traceback" not in res.output
