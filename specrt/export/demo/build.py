@@ -1,5 +1,6 @@
 """Turn a trained demo pair (``python -m specrt.export.demo.train``) into what ships: fp16 HF checkpoints in
-``demo/hf/`` (repo only; exercised by the export tests) and the exported bundle in ``specrt/demo/bundle``.
+``demo/hf/`` (repo only; exercised by the export tests) with Medusa heads and an EAGLE-3 head trained for the
+target, and the exported bundle in ``specrt/demo/bundle``.
 
     python -m specrt.export.demo.build --pair DIR   # DIR holds target/, draft/, training.json, MODEL_CARD.md
 """
@@ -51,6 +52,57 @@ def train_heads(hf_out: Path, corpus_file: Path, steps: int = MEDUSA_STEPS, seq_
     return out
 
 
+# The demo's EAGLE-3 head (issue #28): whole training-split files, teacher-forced, plus the target's own
+# continuations of short snippets from other training files. The validation split stays unseen.
+EAGLE_DOC_BYTES = 1_400_000
+EAGLE_PROMPTS = 100
+EAGLE_CONFIG = {"steps": 1500, "draft_vocab": None, "num_sequences": 300, "seq_len": 256, "ttt_steps": 4}
+
+
+def eagle_data(out: Path, doc_bytes: int = EAGLE_DOC_BYTES, num_prompts: int = EAGLE_PROMPTS,
+               seed: int = 0) -> list[str]:
+    """Write the head's text documents into ``out`` (one file each); return its seed prompts (2-6 lines
+    from a random place in another training file). Deterministic for a given corpus and seed."""
+    import random
+
+    from . import corpus
+
+    rng = random.Random(seed)
+    texts = list(corpus.iter_texts("train"))
+    rng.shuffle(texts)
+    out.mkdir(parents=True, exist_ok=True)
+    used = n = 0
+    for text in texts:
+        if used > doc_bytes:
+            break
+        (out / f"{n:04d}.py").write_text(text)
+        used, n = used + len(text), n + 1
+    prompts = []
+    for text in texts[n:n + 4 * num_prompts]:
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 20:
+            continue
+        start, k = rng.randrange(0, len(lines) - 10), rng.randint(2, 6)
+        snippet = "".join(lines[start:start + k])
+        if 20 < len(snippet) < 300:
+            prompts.append(snippet)
+    return prompts[:num_prompts]
+
+
+def train_eagle_head(hf_out: Path, work: Path, overrides: dict | None = None, doc_bytes: int = EAGLE_DOC_BYTES,
+                     num_prompts: int = EAGLE_PROMPTS) -> Path:
+    """The demo target's EAGLE-3 head, in fp16 in the published layout, next to the checkpoints."""
+    from ..eagle_train import EagleTrainConfig, train_eagle
+    from ..progress import rich_progress
+
+    prompts = eagle_data(work / "eagle_docs", doc_bytes, num_prompts)
+    out = hf_out / "eagle"
+    with rich_progress() as progress:
+        train_eagle(hf_out / "target", out, EagleTrainConfig(**{**EAGLE_CONFIG, **(overrides or {})}),
+                    prompts=prompts, data_files=[work / "eagle_docs"], progress=progress)
+    return out
+
+
 def write_train_split(path: Path, max_bytes: int | None = None) -> Path:
     from . import corpus
 
@@ -68,8 +120,9 @@ SHIPPED_DTYPE = "float16"
 
 
 def export_shipped(hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, heads: Path | None = None,
-                   reporter=None) -> None:
-    """Export the checkpoints in ``hf_out`` (+ Medusa ``heads``) into ``bundle_out``, checked against PyTorch."""
+                   reporter=None, eagle: Path | None = None) -> None:
+    """Export the checkpoints in ``hf_out`` (+ Medusa ``heads``, an EAGLE-3 head ``eagle``) into ``bundle_out``,
+    checked against PyTorch."""
     from ..bundle import ExportOptions, export_bundle
     from ..progress import SilentReporter
 
@@ -81,19 +134,23 @@ def export_shipped(hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, heads: Path
     try:
         export_bundle(rel(hf_out / "target"), rel(hf_out / "draft"), bundle_out,
                       ExportOptions(dtype=SHIPPED_DTYPE, max_context=MAX_CONTEXT, force=True,
-                                    medusa=rel(heads) if heads else None), reporter or SilentReporter())
+                                    medusa=rel(heads) if heads else None, eagle=rel(eagle) if eagle else None),
+                      reporter or SilentReporter())
     finally:
         os.chdir(cwd)
 
 
 def build(pair: Path, hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, medusa: bool = True,
-          medusa_steps: int = MEDUSA_STEPS, corpus_bytes: int | None = None, seq_len: int = 256) -> None:
+          medusa_steps: int = MEDUSA_STEPS, corpus_bytes: int | None = None, seq_len: int = 256,
+          eagle: bool = True, eagle_overrides: dict | None = None, eagle_doc_bytes: int = EAGLE_DOC_BYTES,
+          eagle_prompts: int = EAGLE_PROMPTS) -> None:
     from ..progress import RichReporter
 
     convert_checkpoints(pair, hf_out)
     heads = (train_heads(hf_out, write_train_split(pair / "train_split.txt", corpus_bytes), medusa_steps, seq_len)
              if medusa else None)
-    export_shipped(hf_out, bundle_out, heads, RichReporter())
+    head = train_eagle_head(hf_out, pair, eagle_overrides, eagle_doc_bytes, eagle_prompts) if eagle else None
+    export_shipped(hf_out, bundle_out, heads, RichReporter(), eagle=head)
 
 
 def main(argv: list[str] | None = None) -> int:
