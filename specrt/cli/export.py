@@ -18,7 +18,10 @@ from .options import (
 
 @main.command()
 @click.argument("model")
-@click.option("--draft", metavar="DRAFT", help="Draft model (folder or hub id) with the same tokenizer.")
+@click.option("--draft", metavar="DRAFT",
+              help="Draft model (folder or hub id) with the same tokenizer, or 'self': a quantized copy of MODEL "
+                   "(with --draft-quantize int4|int8), which agrees with the target far more often than a "
+                   "smaller model.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle folder to create.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Weight and KV-cache precision of the exported graphs.")
@@ -65,7 +68,13 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
       specrt export ./llama-1b --draft ./llama-68m -o bundle --dtype fp16
       specrt export ./llama-1b --draft ./llama-68m -o bundle-int4 --quantize int4
       specrt export ./smollm2 --eagle head -o bundle --eagle-quantize int8   # fp32 target, int8 head
+      specrt export ./smollm2 --draft self --draft-quantize int8 -o bundle   # fp32 target, int8 copy drafts
     """
+    if draft == "self":
+        if draft_quantize not in (4, 8):
+            raise click.UsageError("--draft self needs --draft-quantize int4 or int8: a float copy of the target "
+                                   "costs as much as the target and drafts nothing it would not")
+        draft = model
     with torch_side("export"):
         from transformers.utils import logging as hf_logging
 

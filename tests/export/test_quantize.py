@@ -156,3 +156,19 @@ def test_a_float_target_with_a_quantized_draft(close_bundle, tmp_path):
         assert gen.generate(prompt, max_new_tokens=20, method="draft").token_ids == want, prompt
     res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(tmp_path / "none"), "--bits", "none"])
     assert res.exit_code == 1 and "nothing to quantize" in res.output and "Traceback" not in res.output
+
+
+def test_export_draft_self_is_a_quantized_copy_of_a_float_target(pairs, tmp_path):
+    target, _ = pairs["llama"]
+    out = tmp_path / "self"
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", "self", "--draft-quantize", "int8",
+                                    "-o", str(out), "--exporter", "torchscript"])
+    assert res.exit_code == 0, res.output
+    m = load_manifest(out)
+    assert m.target.quantization is None and m.draft.quantization["bits"] == 8
+    assert m.draft.source == m.target.source and m.draft.dims == m.target.dims
+    gen = specrt.load(out, threads=1)
+    want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids
+    assert gen.generate(PROMPTS[0], max_new_tokens=16, method="draft").token_ids == want
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", "self", "-o", str(tmp_path / "f")])
+    assert res.exit_code == 2 and "--draft-quantize int4 or int8" in res.output and not (tmp_path / "f").exists()
