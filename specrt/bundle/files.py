@@ -75,8 +75,8 @@ def graph_cost(path: str | Path) -> ModelCost:
             attrs = {a.name: a.i for a in node.attribute}
             flops += 2 * attrs["K"] * attrs["N"]
         for pos, name in enumerate(node.input):
-            if node.op_type == "Gather" and pos == 0:
-                continue  # a lookup table: one row per token
+            if node.op_type in ("Gather", "GatherBlockQuantized") and pos in (0, 2, 3):
+                continue  # a lookup table (its scales, zero points): one row per token
             w = constant(name) if name else None
             if w is not None:
                 read.add(w)

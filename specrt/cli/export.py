@@ -55,7 +55,7 @@ from .options import (
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
            eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None,
-           eagle_quantize: int | str | None, force: bool) -> None:
+           eagle_quantize: int | str | None, quantize_embeddings: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures: llama, mistral, qwen2,
@@ -89,8 +89,8 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
                             medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
-    qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize)
-             if quantize or proposer_only else None)
+    qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
+                             embeddings=quantize_embeddings) if quantize or proposer_only else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
@@ -104,7 +104,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 @quantize_layout_options()
 @force_option
 def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_quantize: int | str | None,
-             eagle_quantize: int | str | None, force: bool) -> None:
+             eagle_quantize: int | str | None, quantize_embeddings: bool, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
@@ -119,7 +119,8 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_
     """
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 
-    options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize)
+    options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
+                              embeddings=quantize_embeddings)
     manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output}")

@@ -109,7 +109,10 @@ def quantize_layout_options(note: str = "") -> Callable:
         click.option("--eagle-quantize", type=click.Choice(["same", "none", "int4", "int8"]), default="same",
                      show_default=True, callback=parse_bits,
                      help="The EAGLE-3 head's quantization, as --draft-quantize. An int8 head drafts at about half "
-                          "an fp32 head's cost; acceptance on the float and the quantized pair is recorded."))
+                          "an fp32 head's cost; acceptance on the float and the quantized pair is recorded."),
+        click.option("--quantize-embeddings", is_flag=True,
+                     help="Store the target's and draft's embedding tables at int8 too (ONNX Runtime's "
+                          "GatherBlockQuantized; checked by the same gate): a quarter of their float bytes."))
 
 
 def load_bundle(bundle: str | None, **kwargs: Any):

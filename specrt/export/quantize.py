@@ -48,6 +48,9 @@ class QuantizeOptions:
     accuracy_level: int = 4  # MatMulNBits: int8 activations, so the CPU kernel uses int8 dot products
     force: bool = False
     eagle_bits: int | None | str = "same"
+    # The target's and draft's embedding lookups at int8 too (GatherBlockQuantized; gated like the rest).
+    # A quantized EAGLE-3 head's lookup (a copy of the target's table) always is: it only proposes.
+    embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in (None, *BITS):
@@ -98,8 +101,65 @@ def untie_lm_head(model) -> str | None:
     return None
 
 
-def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int) -> dict:
-    """Quantize every constant-weight MatMul of ``path`` into ``out``; what was done, as a record."""
+LOOKUP_ZERO_POINT = 128  # GatherBlockQuantized's default for uint8 data: symmetric int8 stored as uint8
+
+
+def quantize_lookups(model, block_size: int) -> list[str]:
+    """Rewrite each embedding lookup (a Gather on axis 0 from a float [V, H] initializer) into ONNX Runtime's
+    ``GatherBlockQuantized`` at int8: symmetric blocks of ``block_size`` along H, scales in the table's dtype.
+    (ORT's own quantizer writes that op at 4 bits only.) Float tables nothing else reads are dropped.
+    Returns the rewritten tables' names."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    done = []
+    for k, node in enumerate(g.node):
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+        if table is None or axis != 0 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            continue
+        w = numpy_helper.to_array(table)
+        if w.ndim != 2 or w.shape[1] % block_size:
+            continue
+        blocks = w.astype(np.float32).reshape(w.shape[0], -1, block_size)  # (V, H / block, block)
+        scale = (np.abs(blocks).max(-1) / 127).astype(w.dtype)
+        safe = np.where(scale == 0, 1, scale).astype(np.float32)[..., None]
+        q = np.clip(np.rint(blocks / safe), -127, 127) + LOOKUP_ZERO_POINT
+        name = table.name + ".int8"
+        g.initializer.extend([numpy_helper.from_array(q.astype(np.uint8).reshape(w.shape), name),
+                              numpy_helper.from_array(scale, name + ".scales")])
+        g.node[k].CopyFrom(helper.make_node(
+            "GatherBlockQuantized", [name, node.input[1], name + ".scales"], list(node.output), name=node.name,
+            domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block_size, bits=8))
+        done.append(table.name)
+    if done and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                        for n in g.node for a in n.attribute):  # a subgraph may read what looks unread
+        _drop_dead(model)
+    return done
+
+
+def _drop_dead(model) -> None:
+    """Remove nodes whose outputs nothing reads (an untied head's old Transpose) and unread initializers."""
+    g = model.graph
+    wanted = {o.name for o in g.output}
+    while True:
+        read = wanted | {i for n in g.node for i in n.input}
+        dead = [n for n in g.node if not any(o in read for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            g.node.remove(n)
+    read = {i for n in g.node for i in n.input}
+    for init in [i for i in g.initializer if i.name not in read]:
+        g.initializer.remove(init)
+
+
+def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int,
+                   lookups: bool = False) -> dict:
+    """Quantize every constant-weight MatMul of ``path`` into ``out`` (``lookups``: the embedding lookups too,
+    at int8); what was done, as a record."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -113,11 +173,13 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
                                      accuracy_level=accuracy_level)
     quantizer.process()
     qmodel = quantizer.model.model
+    tables = quantize_lookups(qmodel, block_size) if lookups else []
     after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
     large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
     onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
     return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": True,
             "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
+            **({"quantized_lookups": tables, "lookup_bits": 8} if tables else {}),
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
 
 
@@ -216,7 +278,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             data = tmp / (entry.file + ".data")
             data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
             record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
-                                    options.accuracy_level)
+                                    options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3")
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.
@@ -259,7 +321,8 @@ def describe(manifest: Manifest) -> str:
             lines.append(f"{role}: {e.dtype} (not quantized)")
             continue
         line = (f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
-                f"{' incl. the LM head' if q['lm_head_untied'] else ''}), {q['bytes_before'] / 2**20:.1f} → "
+                f"{' incl. the LM head' if q['lm_head_untied'] else ''}"
+                f"{', int8 lookup' if q.get('quantized_lookups') else ''}), {q['bytes_before'] / 2**20:.1f} → "
                 f"{q['bytes_after'] / 2**20:.1f} MiB")
         if "parity" in q:
             p = q["parity"]

@@ -344,6 +344,13 @@ def test_quantize_quantizes_the_head_and_eagle_stays_exact(portable_bundle, tmp_
                                                               draft_bits=None))
     float_left, nbits = _weight_matmuls(out / "eagle.onnx")
     assert float_left == 0 and nbits == len(q.eagle.quantization["quantized_matmuls"]) >= 6
+    # its copy of the target's embedding table is int8 as well, and no float copy is left behind
+    head_graph = onnx.load(str(out / "eagle.onnx")).graph
+    assert [n.op_type for n in head_graph.node if "Gather" in n.op_type and n.input[0].endswith(".int8")] == [
+        "GatherBlockQuantized"] and q.eagle.quantization["quantized_lookups"]
+    table = [q.target.dims.vocab_size, HIDDEN]
+    assert not [i.name for i in head_graph.initializer if list(i.dims) == table and
+                i.data_type == onnx.TensorProto.FLOAT]
     assert q.eagle.weight_bytes < load_manifest(portable_bundle).eagle.weight_bytes
     assert (out / "eagle_vocab.npy").read_bytes() == (portable_bundle / "eagle_vocab.npy").read_bytes()
     acc = q.eagle.quantization["eagle_acceptance"]

@@ -172,3 +172,26 @@ def test_export_draft_self_is_a_quantized_copy_of_a_float_target(pairs, tmp_path
     assert gen.generate(PROMPTS[0], max_new_tokens=16, method="draft").token_ids == want
     res = CliRunner().invoke(main, ["export", str(target), "--draft", "self", "-o", str(tmp_path / "f")])
     assert res.exit_code == 2 and "--draft-quantize int4 or int8" in res.output and not (tmp_path / "f").exists()
+
+
+def test_quantized_embeddings_are_int8_lookups_and_speculation_stays_exact(close_bundle, tmp_path):
+    out = tmp_path / "emb"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=8, block_size=32, embeddings=True))
+    for role, entry in m.models.items():
+        graph = onnx.load(str(out / entry.file)).graph
+        lookup = next(n for n in graph.node if "input_ids" in n.input)
+        assert lookup.op_type == "GatherBlockQuantized" and entry.quantization["quantized_lookups"]
+        # no float [V, H] table is left (the untied LM head reads its own int8 copy)
+        shape = [entry.dims.vocab_size, entry.dims.hidden_size]
+        assert not [i.name for i in graph.initializer if list(i.dims) == shape and i.data_type in (
+            onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+        assert entry.quantization["parity"]["mean_kl"] <= entry.quantization["parity"]["max_mean_kl"]
+    without = quantize_bundle(close_bundle, tmp_path / "int8", QuantizeOptions(bits=8, block_size=32))
+    from specrt.bundle import contract as C
+
+    assert m.target.weight_bytes == without.target.weight_bytes  # a lookup reads one row per token either way
+    assert C.graph_bytes(out / "target.onnx") < C.graph_bytes(tmp_path / "int8" / "target.onnx")
+    gen = specrt.load(out, threads=1)
+    for prompt in PROMPTS[:2]:
+        want = gen.generate(prompt, max_new_tokens=20, method="none").token_ids
+        assert gen.generate(prompt, max_new_tokens=20, method="draft").token_ids == want, prompt
