@@ -104,40 +104,103 @@ def untie_lm_head(model) -> str | None:
 LOOKUP_ZERO_POINT = 128  # GatherBlockQuantized's default for uint8 data: symmetric int8 stored as uint8
 
 
-def quantize_lookups(model, block_size: int) -> list[str]:
+def tied_heads(model) -> dict[str, str]:
+    """{embedding table: the MatMul weight initializer that holds the same matrix transposed} (a tied LM head,
+    whichever way the exporter stored it). Read before quantizing, while both are float."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    tables = {n.input[0] for n in g.node if n.op_type == "Gather" and n.input[0] in inits}
+    weights = {n.input[1] for n in g.node if n.op_type == "MatMul" and n.input[1] in inits}
+    out = {}
+    for t in tables:
+        dims = list(inits[t].dims)
+        for w in weights:
+            if list(inits[w].dims) == dims[::-1] and np.array_equal(numpy_helper.to_array(inits[w]).T,
+                                                                    numpy_helper.to_array(inits[t])):
+                out[t] = w
+                break
+    return out
+
+
+def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None) -> list[str]:
     """Rewrite each embedding lookup (a Gather on axis 0 from a float [V, H] initializer) into ONNX Runtime's
     ``GatherBlockQuantized`` at int8: symmetric blocks of ``block_size`` along H, scales in the table's dtype.
-    (ORT's own quantizer writes that op at 4 bits only.) Float tables nothing else reads are dropped.
+    (ORT's own quantizer writes that op at 4 bits only.) Where an int8 ``MatMulNBits`` LM head holds the same
+    table (``tied``: from ``tied_heads`` before quantizing), the lookup reads that head's bytes and scales, as
+    llama.cpp's Q8_0 files store a tied table once. Float tables nothing else reads are dropped.
     Returns the rewritten tables' names."""
     import onnx
     from onnx import helper, numpy_helper
 
     g = model.graph
     inits = {i.name: i for i in g.initializer}
-    done = []
-    for k, node in enumerate(g.node):
+    heads = {n.input[1]: n for n in g.node if n.op_type == "MatMulNBits" and len(n.input) == 3}
+    done, nodes = [], []
+    for node in g.node:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         table = inits.get(node.input[0]) if node.op_type == "Gather" else None
-        if table is None or axis != 0 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        if (table is None or axis != 0 or len(table.dims) != 2 or table.dims[1] % block_size
+                or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
+            nodes.append(node)
             continue
-        w = numpy_helper.to_array(table)
-        if w.ndim != 2 or w.shape[1] % block_size:
-            continue
-        blocks = w.astype(np.float32).reshape(w.shape[0], -1, block_size)  # (V, H / block, block)
-        scale = (np.abs(blocks).max(-1) / 127).astype(w.dtype)
-        safe = np.where(scale == 0, 1, scale).astype(np.float32)[..., None]
-        q = np.clip(np.rint(blocks / safe), -127, 127) + LOOKUP_ZERO_POINT
-        name = table.name + ".int8"
-        g.initializer.extend([numpy_helper.from_array(q.astype(np.uint8).reshape(w.shape), name),
-                              numpy_helper.from_array(scale, name + ".scales")])
-        g.node[k].CopyFrom(helper.make_node(
-            "GatherBlockQuantized", [name, node.input[1], name + ".scales"], list(node.output), name=node.name,
-            domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block_size, bits=8))
+        shared = _shared_head(heads, inits, table, block_size, (tied or {}).get(table.name))
+        if shared is not None:
+            extra, replacement = shared(node)
+            g.initializer.extend(extra)
+            nodes.extend(replacement)
+        else:
+            w = numpy_helper.to_array(table)
+            blocks = w.astype(np.float32).reshape(w.shape[0], -1, block_size)  # (V, H / block, block)
+            scale = (np.abs(blocks).max(-1) / 127).astype(w.dtype)
+            safe = np.where(scale == 0, 1, scale).astype(np.float32)[..., None]
+            q = np.clip(np.rint(blocks / safe), -127, 127) + LOOKUP_ZERO_POINT
+            name = table.name + ".int8"
+            g.initializer.extend([numpy_helper.from_array(q.astype(np.uint8).reshape(w.shape), name),
+                                  numpy_helper.from_array(scale, name + ".scales")])
+            nodes.append(helper.make_node(
+                "GatherBlockQuantized", [name, node.input[1], name + ".scales"], list(node.output), name=node.name,
+                domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block_size, bits=8))
         done.append(table.name)
+    if done:
+        del g.node[:]
+        g.node.extend(nodes)
     if done and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for n in g.node for a in n.attribute):  # a subgraph may read what looks unread
         _drop_dead(model)
     return done
+
+
+def _shared_head(heads: dict, inits: dict, table, block_size: int, weight: str | None):
+    """If an int8 MatMulNBits (no zero points: 128, as the lookup's default) quantized ``weight``, the LM head
+    tied to ``table``, with the same blocks: a function making the lookup nodes that read that head's data
+    [V, H/b, b] (rank 3, quantized along its last axis) and scales; else None."""
+    from onnx import helper, numpy_helper
+
+    if weight is None:
+        return None
+    head = next((n for b, n in heads.items() if b.startswith(weight) and b in inits), None)
+    if head is None:
+        return None
+    attrs = {a.name: a.i for a in head.attribute}
+    vocab, hidden = table.dims
+    if (attrs.get("bits"), attrs.get("block_size"), attrs.get("N"), attrs.get("K")) != (8, block_size, vocab, hidden):
+        return None
+    data, scales = head.input[1], head.input[2]
+
+    def lookup(node):
+        out, blocks = node.output[0], hidden // block_size
+        shape = lambda name, dims: numpy_helper.from_array(np.array(dims, np.int64), name)  # noqa: E731
+        graph_inits = [shape(f"{data}.lookup_scale_shape", [vocab, blocks, 1]),
+                       shape(f"{data}.lookup_out_shape", [0, 0, hidden])]
+        nodes = [helper.make_node("Reshape", [scales, graph_inits[0].name], [f"{scales}.lookup"]),
+                 helper.make_node("GatherBlockQuantized", [data, node.input[1], f"{scales}.lookup"], [f"{out}.blocks"],
+                                  domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=block_size, bits=8),
+                 helper.make_node("Reshape", [f"{out}.blocks", graph_inits[1].name], [out], name=node.name)]
+        return graph_inits, nodes
+
+    return lookup
 
 
 def _drop_dead(model) -> None:
@@ -167,19 +230,21 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     if any(n.op_type == "MatMulNBits" for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
     untied = untie_lm_head(model)
+    tied = tied_heads(model) if lookups else {}
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
                                      accuracy_level=accuracy_level)
     quantizer.process()
     qmodel = quantizer.model.model
-    tables = quantize_lookups(qmodel, block_size) if lookups else []
+    tables = quantize_lookups(qmodel, block_size, tied) if lookups else []
     after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
     large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
     onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
     return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": True,
             "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
-            **({"quantized_lookups": tables, "lookup_bits": 8} if tables else {}),
+            **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": sorted(set(tables) & set(tied))}
+               if tables else {}),
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
 
 

@@ -175,6 +175,7 @@ def test_export_draft_self_is_a_quantized_copy_of_a_float_target(pairs, tmp_path
 
 
 def test_quantized_embeddings_are_int8_lookups_and_speculation_stays_exact(close_bundle, tmp_path):
+    """--quantize-embeddings: int8 lookups, gated, speculation exact (this pair's heads are not tied)."""
     out = tmp_path / "emb"
     m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=8, block_size=32, embeddings=True))
     for role, entry in m.models.items():
@@ -195,3 +196,38 @@ def test_quantized_embeddings_are_int8_lookups_and_speculation_stays_exact(close
     for prompt in PROMPTS[:2]:
         want = gen.generate(prompt, max_new_tokens=20, method="none").token_ids
         assert gen.generate(prompt, max_new_tokens=20, method="draft").token_ids == want, prompt
+
+
+def test_a_tied_table_is_stored_once_and_the_lookup_reads_the_lm_head_s_int8_rows(tmp_path):
+    """Gather(T) and MatMul(x, T^T), as an exporter writes tied embeddings: after int8 quantization with
+    lookups, one uint8 table is read by both, and each looked-up row is the LM head's dequantized row."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.export.quantize import quantize_graph
+
+    vocab, hidden = 96, 64
+    table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["T", "input_ids"], ["emb"], name="lookup"),
+         helper.make_node("MatMul", ["emb", "W"], ["logits"], name="lm_head")], "tied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "q"])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, "q", hidden]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "q", vocab])],
+        [numpy_helper.from_array(table, "T"), numpy_helper.from_array(np.ascontiguousarray(table.T), "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(tmp_path / "f.onnx"))
+    record = quantize_graph(tmp_path / "f.onnx", tmp_path / "q.onnx", 8, 32, 4, lookups=True)
+    assert record["lookup_shares_lm_head"] == ["T"]
+    q = onnx.load(str(tmp_path / "q.onnx")).graph
+    assert not [i.name for i in q.initializer if list(i.dims) in ([vocab, hidden], [hidden, vocab])]  # no float copy
+    head = next(n for n in q.node if n.op_type == "MatMulNBits")
+    gather = next(n for n in q.node if n.op_type == "GatherBlockQuantized")
+    assert gather.input[0] == head.input[1]
+    ids = np.array([[0, 7, 95, 7]], np.int64)
+    emb, logits = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids})
+    data = numpy_helper.to_array(next(i for i in q.initializer if i.name == head.input[1])).astype(np.float32)
+    scales = numpy_helper.to_array(next(i for i in q.initializer if i.name == head.input[2]))
+    rows = ((data - 128) * scales.reshape(vocab, -1, 1)).reshape(vocab, hidden)
+    np.testing.assert_array_equal(emb[0], rows[ids[0]])
+    assert np.abs(emb[0] - table[ids[0]]).max() < 0.05  # int8: close to the float rows
