@@ -295,6 +295,21 @@ def test_other_llama_style_targets(tmp_path, arch):
     session = _session(tmp_path / "b" / "eagle.onnx")
     want = "tensor(float16)" if dtype == "float16" else "tensor(float)"
     assert {i.name: i.type for i in session.get_inputs()}[C.EAGLE_TAPS] == want
+    # The runtime binds the head's inputs by address: float32 rows converted for an fp16 graph must still be
+    # alive when it runs (they once were freed first, and the head drafted from garbage: NaN logits).
+    from specrt.runtime.backends.onnxruntime import OrtDecoder
+
+    rng, n = np.random.default_rng(3), 5
+    ids = rng.integers(0, m.target.dims.vocab_size, n)
+    extra = {C.EAGLE_TAPS: rng.standard_normal((n, m.eagle.tap_width)).astype(np.float32),
+             C.EAGLE_FEATURES: rng.standard_normal((n, HIDDEN)).astype(np.float32)}
+    head = OrtDecoder(tmp_path / "b", m.eagle, threads=1, role="draft")
+    got = head.forward(head.new_cache(n), ids, np.arange(n), causal_mask(n, 0), extra=extra).logits
+    cast = np.float16 if dtype == "float16" else np.float32
+    feed = {C.INPUT_IDS: ids[None], C.POSITION_IDS: np.arange(n)[None], C.ATTENTION_MASK: causal_mask(n, 0),
+            **{k: v.astype(cast)[None] for k, v in extra.items()},
+            **{i.name: np.zeros((1, 0, *i.shape[2:]), cast) for i in session.get_inputs() if i.name.startswith("past")}}
+    np.testing.assert_array_equal(got, _run(session, feed)[C.LOGITS][0])
 
 
 # --- quantize and TensorRT ----------------------------------------------------------------------------

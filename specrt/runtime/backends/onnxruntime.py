@@ -226,8 +226,11 @@ class OrtDecoder:
         self._bind(C.INPUT_IDS, ids)
         self._bind(C.POSITION_IDS, pos)
         self._bind(C.ATTENTION_MASK, mask)
-        for name, rows in (extra or {}).items():
-            self._bind(name, np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1))
+        # ORT reads bound inputs by address at run time: converted copies (float32 rows into an fp16 graph)
+        # must outlive this loop, or it reads freed memory.
+        held = [np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1) for rows in (extra or {}).values()]
+        for name, rows in zip(extra or {}, held):
+            self._bind(name, rows)
         # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
         past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
         offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
