@@ -14,7 +14,7 @@ def test_tiny_pipeline_builds_a_working_bundle(tmp_path):
     # four target layers: the fewest an EAGLE-3 head can tap three distinct ones of
     train_demo(TrainConfig.tiny(target=ModelShape(32, 4, 2, 1, 64)), pair, progress=False)
     build(pair, hf_out=tmp_path / "hf", bundle_out=tmp_path / "bundle", medusa_steps=5, corpus_bytes=200_000,
-          seq_len=64, eagle_overrides={"steps": 3, "num_sequences": 4, "seq_len": 64, "ttt_steps": 2},
+          seq_len=64, eagle=True, eagle_overrides={"steps": 3, "num_sequences": 4, "seq_len": 64, "ttt_steps": 2},
           eagle_doc_bytes=30_000, eagle_prompts=4)
     m = load_manifest(tmp_path / "bundle")
     assert m.target.dtype == "float16" and m.medusa is not None and m.medusa.num_heads == 3

@@ -1,8 +1,9 @@
 """Turn a trained demo pair (``python -m specrt.export.demo.train``) into what ships: fp16 HF checkpoints in
-``demo/hf/`` (repo only; exercised by the export tests) with Medusa heads and an EAGLE-3 head trained for the
-target, and the exported bundle in ``specrt/demo/bundle``.
+``demo/hf/`` (repo only; exercised by the export tests) with Medusa heads, and the exported bundle in
+``specrt/demo/bundle``. ``--eagle-head OUT`` trains the shipped target's EAGLE-3 head alone.
 
     python -m specrt.export.demo.build --pair DIR   # DIR holds target/, draft/, training.json, MODEL_CARD.md
+    python -m specrt.export.demo.build --eagle-head benchmarks/heads/demo-target
 """
 
 from __future__ import annotations
@@ -89,16 +90,16 @@ def eagle_data(out: Path, doc_bytes: int = EAGLE_DOC_BYTES, num_prompts: int = E
     return prompts[:num_prompts]
 
 
-def train_eagle_head(hf_out: Path, work: Path, overrides: dict | None = None, doc_bytes: int = EAGLE_DOC_BYTES,
-                     num_prompts: int = EAGLE_PROMPTS) -> Path:
-    """The demo target's EAGLE-3 head, in fp16 in the published layout, next to the checkpoints."""
+def train_eagle_head(target: Path, out: Path, work: Path, overrides: dict | None = None,
+                     doc_bytes: int = EAGLE_DOC_BYTES, num_prompts: int = EAGLE_PROMPTS) -> Path:
+    """An EAGLE-3 head for the demo ``target`` checkpoint into ``out`` (fp16, the published layout); its text
+    documents are written under ``work``."""
     from ..eagle_train import EagleTrainConfig, train_eagle
     from ..progress import rich_progress
 
     prompts = eagle_data(work / "eagle_docs", doc_bytes, num_prompts)
-    out = hf_out / "eagle"
     with rich_progress() as progress:
-        train_eagle(hf_out / "target", out, EagleTrainConfig(**{**EAGLE_CONFIG, **(overrides or {})}),
+        train_eagle(target, out, EagleTrainConfig(**{**EAGLE_CONFIG, **(overrides or {})}),
                     prompts=prompts, data_files=[work / "eagle_docs"], progress=progress)
     return out
 
@@ -142,21 +143,35 @@ def export_shipped(hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, heads: Path
 
 def build(pair: Path, hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, medusa: bool = True,
           medusa_steps: int = MEDUSA_STEPS, corpus_bytes: int | None = None, seq_len: int = 256,
-          eagle: bool = True, eagle_overrides: dict | None = None, eagle_doc_bytes: int = EAGLE_DOC_BYTES,
+          eagle: bool = False, eagle_overrides: dict | None = None, eagle_doc_bytes: int = EAGLE_DOC_BYTES,
           eagle_prompts: int = EAGLE_PROMPTS) -> None:
+    """``eagle``: train an EAGLE-3 head too and ship it in the bundle. Off by default: measured on this CPU
+    (docs/performance/demo-eagle3-cpu.md) the head drafts less well and costs more than the distilled
+    draft, and a bundle's ``auto`` method would pick the head."""
     from ..progress import RichReporter
 
     convert_checkpoints(pair, hf_out)
     heads = (train_heads(hf_out, write_train_split(pair / "train_split.txt", corpus_bytes), medusa_steps, seq_len)
              if medusa else None)
-    head = train_eagle_head(hf_out, pair, eagle_overrides, eagle_doc_bytes, eagle_prompts) if eagle else None
+    head = (train_eagle_head(hf_out / "target", hf_out / "eagle", pair, eagle_overrides, eagle_doc_bytes,
+                             eagle_prompts) if eagle else None)
     export_shipped(hf_out, bundle_out, heads, RichReporter(), eagle=head)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specrt.export.demo.build", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pair", type=Path, required=True, help="output folder of python -m specrt.export.demo.train")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--pair", type=Path, help="output folder of python -m specrt.export.demo.train")
+    what.add_argument("--eagle-head", type=Path, metavar="OUT",
+                      help="only train an EAGLE-3 head for the shipped target into OUT (what "
+                           "benchmarks/heads/demo-target holds; about 75 min on 2 cores)")
     args = p.parse_args(argv)
+    if args.eagle_head is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            train_eagle_head(HF_DIR / "target", args.eagle_head, Path(work))
+        return 0
     if not (args.pair / "training.json").is_file():
         p.error(f"{args.pair} holds no trained pair (training.json is missing)")
     build(args.pair)
