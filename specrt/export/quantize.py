@@ -356,8 +356,9 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
-                                  f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try int8 or a smaller "
-                                  "block size")
+                                  f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
+                                  + ("int8 or " if bits == 4 else "") + "a smaller block size"
+                                  + (" or no --quantize-embeddings" if options.embeddings else ""))
             models[role] = replace(entry, quantization=record)
         if manifest.eagle is not None:
             if progress:
