@@ -108,7 +108,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
-    lookup). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
+    lookup unless --quantize-embeddings). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
     agreement on the shipped prompts) before OUT appears; an EAGLE-3 head, a proposer only, has its first-draft
     acceptance measured and recorded instead. Speculation stays exact with respect to the (quantized) target.
 
