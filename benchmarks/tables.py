@@ -194,6 +194,7 @@ table("smollm2-eagle3-int8-qhead-cpu", "smollm2-eagle3-int8-qhead-cpu.json")(ben
 table("smollm2-eagle3-qhead-t07-cpu", "smollm2-eagle3-qhead-t07-cpu.json")(bench_table)
 table("demo-eagle3-cpu", "demo-eagle3-cpu.json")(bench_table)
 table("smollm2-self-draft-cpu", "smollm2-self-draft-cpu.json")(bench_table)
+table("smollm2-eagle3-int8-qhead-g2-cpu", "smollm2-eagle3-int8-qhead-g2-cpu.json")(bench_table)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
