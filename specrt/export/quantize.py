@@ -125,7 +125,7 @@ def tied_heads(model) -> dict[str, str]:
 
 
 def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None) -> list[str]:
-    """Rewrite each embedding lookup (a Gather on axis 0 from a float [V, H] initializer) into ONNX Runtime's
+    """Rewrite each token lookup (a Gather of ``input_ids`` on axis 0 from a float [V, H] initializer) into ONNX Runtime's
     ``GatherBlockQuantized`` at int8: symmetric blocks of ``block_size`` along H, scales in the table's dtype.
     (ORT's own quantizer writes that op at 4 bits only.) Where an int8 ``MatMulNBits`` LM head holds the same
     table (``tied``: from ``tied_heads`` before quantizing), the lookup reads that head's bytes and scales, as
@@ -140,7 +140,8 @@ def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None)
     done, nodes = [], []
     for node in g.node:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+        # Only the token lookup: a float table gathered by position (a rotary cache) must keep its precision.
+        table = inits.get(node.input[0]) if node.op_type == "Gather" and node.input[1] == C.INPUT_IDS else None
         if (table is None or axis != 0 or len(table.dims) != 2 or table.dims[1] % block_size
                 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
             nodes.append(node)

@@ -208,13 +208,18 @@ def test_a_tied_table_is_stored_once_and_the_lookup_reads_the_lm_head_s_int8_row
 
     vocab, hidden = 96, 64
     table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
+    rotary = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)  # gathered by position
     graph = helper.make_graph(
         [helper.make_node("Gather", ["T", "input_ids"], ["emb"], name="lookup"),
-         helper.make_node("MatMul", ["emb", "W"], ["logits"], name="lm_head")], "tied",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "q"])],
+         helper.make_node("MatMul", ["emb", "W"], ["logits"], name="lm_head"),
+         helper.make_node("Gather", ["R", "position_ids"], ["cos"], name="rotary")], "tied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "q"]),
+         helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "q"])],
         [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, "q", hidden]),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "q", vocab])],
-        [numpy_helper.from_array(table, "T"), numpy_helper.from_array(np.ascontiguousarray(table.T), "W")])
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "q", vocab]),
+         helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, "q", 64])],
+        [numpy_helper.from_array(table, "T"), numpy_helper.from_array(np.ascontiguousarray(table.T), "W"),
+         numpy_helper.from_array(rotary, "R")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(tmp_path / "f.onnx"))
     record = quantize_graph(tmp_path / "f.onnx", tmp_path / "q.onnx", 8, 32, 4, lookups=True)
     assert record["lookup_shares_lm_head"] == ["T"]
@@ -223,9 +228,12 @@ def test_a_tied_table_is_stored_once_and_the_lookup_reads_the_lm_head_s_int8_row
     head = next(n for n in q.node if n.op_type == "MatMulNBits")
     gather = next(n for n in q.node if n.op_type == "GatherBlockQuantized")
     assert gather.input[0] == head.input[1]
+    # a table gathered by position (a rotary cache) is not a token lookup: it stays float and unchanged
+    assert [n.op_type for n in q.node if n.name == "rotary"] == ["Gather"]
     ids = np.array([[0, 7, 95, 7]], np.int64)
-    emb, logits = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"input_ids": ids})
+    emb, logits, cos = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "position_ids": np.arange(4)[None]})
+    np.testing.assert_array_equal(cos[0], rotary[:4])
     data = numpy_helper.to_array(next(i for i in q.initializer if i.name == head.input[1])).astype(np.float32)
     scales = numpy_helper.to_array(next(i for i in q.initializer if i.name == head.input[2]))
     rows = ((data - 128) * scales.reshape(vocab, -1, 1)).reshape(vocab, hidden)
