@@ -361,10 +361,11 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                                   + ("int8 or " if bits == 4 else "") + "a smaller block size"
                                   + (" or no --quantize-embeddings" if options.embeddings else ""))
             models[role] = replace(entry, quantization=record)
-        if manifest.eagle is not None:
+        head_role = next((r for r, e in manifest.models.items() if e.kind == "eagle3"), None)
+        # Only a quantized target or head changes what the head drafts (a quantized draft alone does not).
+        if head_role is not None and (models["target"].quantization or models[head_role].quantization):
             if progress:
                 progress("eagle: the head's acceptance on the float pair and on this one")
-            head_role = next(r for r, e in manifest.models.items() if e.kind == "eagle3")
             # Recorded with the head when it was quantized, else with the quantized target.
             holder = head_role if models[head_role].quantization else "target"
             before, after = head_acceptance([src, tmp], manifest, prompts)

@@ -381,6 +381,14 @@ def test_quantize_quantizes_the_head_and_eagle_stays_exact(portable_bundle, tmp_
     assert gen.generate(prompt, method="eagle", max_new_tokens=24, gamma=3).token_ids == plain.token_ids
 
 
+def test_quantizing_only_the_draft_of_a_bundle_with_a_head_leaves_the_head_alone(portable_bundle, tmp_path):
+    q = quantize_bundle(portable_bundle, tmp_path / "q", QuantizeOptions(bits=None, block_size=16, draft_bits=8,
+                                                                         eagle_bits=None))
+    assert q.draft.quantization["bits"] == 8 and q.target.quantization is None and q.eagle.quantization is None
+    assert (tmp_path / "q" / "eagle.onnx").read_bytes() == (portable_bundle / "eagle.onnx").read_bytes()
+    assert "eagle_acceptance" not in q.draft.quantization  # nothing the head reads or is changed
+
+
 def test_quantize_with_nothing_to_quantize_is_a_one_line_error():
     with pytest.raises(ConfigError, match="nothing to quantize"):
         QuantizeOptions(bits=None, draft_bits="same", eagle_bits=None)
