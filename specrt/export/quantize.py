@@ -179,10 +179,8 @@ def _shared_head(heads: dict, inits: dict, table, block_size: int, weight: str |
     [V, H/b, b] (rank 3, quantized along its last axis) and scales; else None."""
     from onnx import helper, numpy_helper
 
-    if weight is None:
-        return None
-    head = next((n for b, n in heads.items() if b.startswith(weight) and b in inits), None)
-    if head is None:
+    head = heads.get(f"{weight}_Q8") if weight is not None else None  # the quantizer's name for an int8 weight
+    if head is None or head.input[1] not in inits:
         return None
     attrs = {a.name: a.i for a in head.attribute}
     vocab, hidden = table.dims
