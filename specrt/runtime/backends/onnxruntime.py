@@ -177,6 +177,7 @@ class OrtDecoder:
         self.memory = memory if memory is not None or self.kv_device == "cpu" else CudaMemory()
         self.kv_dtype = np.dtype(entry.dtype)
         self.binding = self.session.io_binding()
+        self._bound: list[np.ndarray] = []  # what the binding points at (_bind)
         self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
                           for i in range(entry.dims.num_layers)]
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
@@ -209,6 +210,9 @@ class OrtDecoder:
         return self._logits[:, :q_len], self._hidden[:, :q_len]
 
     def _bind(self, name: str, arr: np.ndarray, output: bool = False) -> None:
+        # ORT reads a bound array by address when the session runs: keep it alive until the next pass rebinds
+        # (a converted copy, e.g. float32 rows into an fp16 graph, would otherwise be freed first).
+        self._bound.append(arr)
         bind = self.binding.bind_output if output else self.binding.bind_input
         bind(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
@@ -223,14 +227,12 @@ class OrtDecoder:
         b = self.binding
         b.clear_binding_inputs()
         b.clear_binding_outputs()
+        self._bound = []
         self._bind(C.INPUT_IDS, ids)
         self._bind(C.POSITION_IDS, pos)
         self._bind(C.ATTENTION_MASK, mask)
-        # ORT reads bound inputs by address at run time: converted copies (float32 rows into an fp16 graph)
-        # must outlive this loop, or it reads freed memory.
-        held = [np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1) for rows in (extra or {}).values()]
-        for name, rows in zip(extra or {}, held):
-            self._bind(name, rows)
+        for name, rows in (extra or {}).items():
+            self._bind(name, np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1))
         # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
         past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
         offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
