@@ -245,9 +245,12 @@ def eagle() -> None:
 @click.option("--lr", type=float, default=5e-4, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in the output folder, if it matches.")
+@click.option("--init", "init", metavar="HEAD", type=click.Path(file_okay=False),
+              help="Start from this head (specrt's or the published layout; its draft vocabulary is kept), "
+                   "to train it further on new data.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
-                seed: int, resume: bool) -> None:
+                seed: int, resume: bool, init: str | None) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL, on text the target writes itself (never a download).
 
     The head learns the target's distribution over a reduced draft vocabulary (forward KL), unrolled on its own
@@ -257,6 +260,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     \b
     Example:
       specrt eagle train ./smollm2 -o head --steps 300 --draft-vocab 8192
+      specrt eagle train ./smollm2 -o head2 --init head --prompts more.json --steps 300   # train it further
       specrt export ./smollm2 --eagle head -o bundle && specrt bench --bundle bundle --methods none,eagle --chat
     """
     from ..measure.bench import read_prompts
@@ -266,7 +270,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
-                           num_sequences=num_sequences)
+                           num_sequences=num_sequences, init=init)
     prompts = read_prompts(prompts_file) if prompts_file else None
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,

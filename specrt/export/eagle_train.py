@@ -95,6 +95,7 @@ class EagleTrainConfig:
     init_from_target: bool = True  # lm_head rows and the final norm start as the target's own
     dtype: str = "float16"  # the saved head's float weights; held-out acceptance is measured with them
     keep_checkpoint: bool = False  # keep out_dir/.train (cache + checkpoint) after a finished run
+    init: str | None = None  # a head to start from (warm start): its weights and draft vocabulary are kept
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -117,6 +118,8 @@ class EagleTrainConfig:
                 raise ConfigError(f"eagle train: {name} must be true or false, got {getattr(self, name)!r}")
         if self.data_format not in ("chunks", "lines"):
             raise ConfigError(f"eagle train: data_format must be 'chunks' or 'lines', got {self.data_format!r}")
+        if self.init is not None and not (isinstance(self.init, str) and self.init):
+            raise ConfigError(f"eagle train: init must be a head folder's path, got {self.init!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"eagle train: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
@@ -280,6 +283,25 @@ def _new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, train_cfg: E
     return head
 
 
+def _init_head(path: str, target_config: Any) -> tuple[Eagle3Config, Eagle3Head, torch.Tensor, torch.Tensor]:
+    """A warm start's head (specrt's or the published layout), checked against the target, in fp32."""
+    from ..errors import EagleHeadError
+    from .eagle import load_eagle3
+
+    try:
+        cfg, head, d2t, t2d = load_eagle3(path, target_config)
+    except EagleHeadError as e:
+        raise ConfigError(f"eagle train --init: {e}") from None
+    if head.embed_tokens is not None:
+        raise ConfigError(f"eagle train --init: {path} carries its own embedding table; specrt trains heads that "
+                          "read the target's")
+    layers = (getattr(target_config, "text_config", None) or target_config).num_hidden_layers
+    if tuple(cfg.tap_layers_for(layers)) != tuple(tap_layers(layers)):
+        raise ConfigError(f"eagle train --init: {path} reads layers {list(cfg.tap_layers_for(layers))}, "
+                          f"training feeds {list(tap_layers(layers))}")
+    return cfg, head.train(), d2t, t2d
+
+
 def _saved_copy(head: Eagle3Head, dtype: str) -> Eagle3Head:
     """The head as ``save_eagle3`` will write it (weights rounded to ``dtype``), computing in fp32."""
     copy = Eagle3Head(head.cfg)
@@ -354,7 +376,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
     docs = read_documents(data_files, cfg.data_format)
-    fingerprint = data_fingerprint(str(source), cfg, prompts, docs)
+    init = _init_head(cfg.init, target_config) if cfg.init else None
+    fingerprint = data_fingerprint(str(source), cfg, prompts, docs, None if init is None else init[2])
     work = out / WORK_DIR
     if not resume and work.exists():
         shutil.rmtree(work)  # only specrt's own work folder: a fresh run starts from nothing
@@ -365,13 +388,17 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     taps = tap_layers(target_config.num_hidden_layers)
 
     with torch.random.fork_rng(devices=[]):
-        cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps, report)
+        cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps,
+                               report, None if init is None else init[2:])
         d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
         train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
         targets = torch.arange(len(d2t)) + d2t
 
-        head_cfg = head_config(target_config, len(d2t))
-        head = _new_head(head_cfg, model, targets, cfg)
+        if init is None:
+            head_cfg = head_config(target_config, len(d2t))
+            head = _new_head(head_cfg, model, targets, cfg)
+        else:
+            head_cfg, head = init[:2]
         embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
         del model
         opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)

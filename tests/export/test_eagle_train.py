@@ -210,7 +210,7 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     model = load_causal_lm(str(target), "float32")
     taps = (1, 2, 3)
     prompt = [0, 70, 71, 72]
-    (q,) = ed._continue(model, prompt, 1, 20, 0.0, [1], torch.Generator(), taps)
+    (q,) = ed._continue(model, [prompt], 20, 0.0, [1], torch.Generator(), taps)
     with torch.no_grad():
         full = model(input_ids=torch.tensor([q.tokens]), output_hidden_states=True)
     want = torch.cat([full.hidden_states[i] for i in taps], -1)[0]
@@ -226,6 +226,25 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     logp = torch.log_softmax(full.logits[0][:, targets], -1)  # k = D here: the whole row
     got = torch.full_like(logp, float("-inf")).scatter(-1, c.ids[0, :m].long(), c.logp[0, :m].float())
     torch.testing.assert_close(got[scored], logp[scored], rtol=1e-3, atol=2e-3)
+
+
+def test_prompts_of_unequal_length_batched_together_continue_as_they_would_alone(target):
+    """Generation batches rows across prompts, left-padded: each row's tokens, taps, last states and argmaxes
+    are the ones it gets alone, and a row that ends (end id or max_len) stops while the others go on."""
+    from specrt.export.loading import load_causal_lm
+
+    model = load_causal_lm(str(target), "float32")
+    taps = (1, 2, 3)
+    prompts = [[0, 70, 71, 72, 73, 74, 75], [0, 90], [0, 100, 101, 102]]
+    together = ed._continue(model, prompts, 14, 0.0, [1], torch.Generator(), taps)
+    for prompt, q in zip(prompts, together):
+        (alone,) = ed._continue(model, [prompt], 14, 0.0, [1], torch.Generator(), taps)
+        assert q.tokens == alone.tokens and q.start == len(prompt) - 1
+        assert len(q.tokens) <= 14 and q.tokens[:len(prompt)] == prompt
+        torch.testing.assert_close(q.taps.float(), alone.taps.float(), rtol=1e-2, atol=2e-3)
+        torch.testing.assert_close(q.final, alone.final, rtol=1e-4, atol=1e-4)
+        assert q.top1.tolist() == alone.top1.tolist()
+    assert not any(bool(torch.isnan(q.taps.float()).any()) for q in together)
 
 
 @pytest.mark.parametrize("bad", [
@@ -316,6 +335,30 @@ def test_a_head_for_a_repeating_target_learns_it(pattern_target, tmp_path):
     before, after = record["heldout_init"], record["heldout"]
     assert after["alpha1"] > before["alpha1"] + 0.2
     assert after["tokens_per_pass"] > before["tokens_per_pass"]
+
+
+def test_a_warm_start_keeps_the_heads_vocabulary_and_starts_where_it_ended(pattern_target, tmp_path):
+    """--init: the head starts as the given one (its held-out figures before training are the given head's on
+    the new data), keeps its draft vocabulary even where the new data would choose another, and trains on."""
+    first = train_eagle(pattern_target, tmp_path / "first", replace(SMALL, steps=40, draft_vocab=None),
+                        prompts=PROMPTS)
+    cfg = replace(SMALL, steps=10, draft_vocab=16, seed=1, init=str(tmp_path / "first"))
+    record = train_eagle(pattern_target, tmp_path / "second", cfg, prompts=PROMPTS[::-1])
+    assert record["draft_vocab_size"] == first["draft_vocab_size"] == 288  # not the 16 asked
+    assert record["config"]["init"] == str(tmp_path / "first")
+    assert record["heldout_init"]["alpha1"] > 0.5  # the trained head, not a fresh one (0 on this target)
+    assert record["heldout"]["alpha1"] >= record["heldout_init"]["alpha1"] - 0.1
+    _, _, d2t, _ = load_eagle3(tmp_path / "second")
+    assert d2t.tolist() == load_eagle3(tmp_path / "first")[2].tolist()
+
+
+def test_a_warm_start_from_a_head_for_another_target_is_refused(pattern_target, target, trained, tmp_path):
+    head, _, _ = trained  # made for `target` (hidden 32); pattern_target is 64 wide
+    with pytest.raises(ConfigError, match="--init"):
+        train_eagle(pattern_target, tmp_path / "h", replace(SMALL, init=str(head)), prompts=PROMPTS)
+    with pytest.raises(ConfigError, match="--init"):
+        train_eagle(target, tmp_path / "h", replace(SMALL, init=str(tmp_path / "missing")), prompts=PROMPTS)
+    assert not (tmp_path / "h").exists()
 
 
 class _Stop(Exception):
