@@ -58,8 +58,10 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
            eagle_quantize: int | str | None, quantize_embeddings: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
-    MODEL and DRAFT are local Hugging Face folders or hub ids. Supported architectures: llama, mistral, qwen2,
-    qwen3, gemma2, gemma3_text, phi3, gpt2. Every graph is checked against PyTorch computed in fp32 (prefill,
+    MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
+    a GGUF's Q4_0 / Q4_1 / Q8_0 weights stay as they are (MatMulNBits, no re-quantization), the rest arrive
+    dequantized; --quantize re-quantizes from the dequantized weights instead. Supported architectures: llama,
+    mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, gpt2. Every graph is checked against PyTorch computed in fp32 (prefill,
     1-token decode, a 5-token chain, a tree and a prefill at the last position) before the bundle appears: logit
     error relative to each row's spread, and KL; the figures go into specrt.json.
 
@@ -69,6 +71,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
       specrt export ./llama-1b --draft ./llama-68m -o bundle-int4 --quantize int4
       specrt export ./smollm2 --eagle head -o bundle --eagle-quantize int8   # fp32 target, int8 head
       specrt export ./smollm2 --draft self --draft-quantize int8 -o bundle   # fp32 target, int8 copy drafts
+      specrt export SmolLM2-135M-Instruct.Q4_1.gguf -o bundle                 # llama.cpp's blocks, kept
     """
     if draft == "self":
         if draft_quantize not in (4, 8):

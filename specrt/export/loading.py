@@ -19,7 +19,7 @@ def resolve_source(source: str) -> str:
     p = Path(source).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise ModelLoadError(f"{source} is a file; pass the model's folder (the one with config.json)")
+            raise ModelLoadError(f"{source} is a file; pass the model's folder (the one with config.json) or a .gguf file")
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{source} has no config.json: not a Hugging Face model folder")
         return str(p)

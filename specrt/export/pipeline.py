@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -34,24 +35,54 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
                     progress: Callable[[str], None] | None = None) -> Manifest:
     """Export ``model`` (+ ``draft``) to the bundle ``output``. With ``quantize``, the float bundle is
     written to a hidden folder beside ``output``, quantized into ``output`` and removed: only the
-    quantized bundle appears, and a refused output is refused before minutes of export."""
+    quantized bundle appears, and a refused output is refused before minutes of export.
+
+    ``model`` / ``draft`` may be llama.cpp GGUF files (or folders holding one): they are read through
+    transformers into Hugging Face folders in that hidden folder, exported, and each role not given bits of
+    its own keeps the file's Q4_0 / Q4_1 / Q8_0 blocks as they are (:mod:`specrt.export.gguf`)."""
     from .bundle import export_bundle
+    from .gguf import find_gguf, has_blocks
     from .progress import SilentReporter
 
     reporter = reporter or SilentReporter()
-    if quantize is None:
+    ggufs = {role: find_gguf(src) for role, src in (("target", model), ("draft", draft))}
+    ggufs = {role: path for role, path in ggufs.items() if path is not None}
+    if quantize is None and not ggufs:
         return export_bundle(model, draft, output, options, reporter)
-    from .quantize import quantize_bundle
+    from .quantize import QuantizeOptions, quantize_bundle
     from .staging import check_output
 
     out = Path(output)
-    check_output(out, quantize.force)
-    float_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.float-", dir=out.resolve().parent))
+    check_output(out, options.force or (quantize is not None and quantize.force))
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.float-", dir=out.resolve().parent))
     try:
-        export_bundle(model, draft, float_dir / "bundle", options, reporter)
-        return quantize_bundle(float_dir / "bundle", out, quantize, progress=progress)
+        sources = {"target": model, "draft": draft}
+        for role, path in ggufs.items():
+            sources[role] = _staged_gguf(path, work / f"{role}-hf", reporter)
+        keep = tuple((role, str(path)) for role, path in ggufs.items()
+                     if (quantize is None or quantize.bits_for(role) is None) and has_blocks(path))
+        if quantize is None and not keep:  # float GGUFs (F32 / F16 / BF16), no --quantize: a float bundle
+            manifest = export_bundle(sources["target"], sources["draft"], out, options, reporter)
+        else:
+            quantize = (replace(quantize, gguf=keep) if quantize is not None else
+                        QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, force=options.force, gguf=keep))
+            export_bundle(sources["target"], sources["draft"], work / "bundle", options, reporter)
+            manifest = quantize_bundle(work / "bundle", out, quantize, progress=progress)
+        if ggufs:  # the bundle names the GGUF it came from, not the hidden folder it was read into
+            models = {role: replace(e, source=str(ggufs[role].resolve())) if role in ggufs else e
+                      for role, e in manifest.models.items()}
+            manifest = replace(manifest, models=models)
+            manifest.write(out)
+        return manifest
     finally:
-        shutil.rmtree(float_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _staged_gguf(path: Path, folder: Path, reporter: Reporter) -> str:
+    from .gguf import stage
+
+    with reporter.step(f"Reading {path.name} (GGUF: config, tokenizer, weights dequantized by transformers)"):
+        return str(stage(path, folder))
 
 
 def describe(manifest: Manifest) -> str:

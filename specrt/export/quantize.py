@@ -51,6 +51,9 @@ class QuantizeOptions:
     # The target's and draft's embedding lookups at int8 too (GatherBlockQuantized; gated like the rest).
     # A quantized EAGLE-3 head's lookup (a copy of the target's table) always is: it only proposes.
     embeddings: bool = False
+    # Roles whose float graph came from a GGUF file: (role, path) pairs. Those keep the file's Q4_0 / Q4_1 /
+    # Q8_0 blocks as they are (specrt.export.gguf) instead of being quantized at ``bits``.
+    gguf: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.bits not in (None, *BITS):
@@ -60,13 +63,19 @@ class QuantizeOptions:
         for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits)):
             if value not in ("same", None, *BITS):
                 raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
-        if self.bits is None and self.draft_bits in ("same", None) and self.eagle_bits in ("same", None):
+        if (self.bits is None and self.draft_bits in ("same", None) and self.eagle_bits in ("same", None)
+                and not self.gguf):
             raise ConfigError("nothing to quantize: the target stays float and so do the draft and the EAGLE-3 head "
                               "(give --draft-quantize or --eagle-quantize int4/int8)")
 
     def bits_for(self, role: str) -> int | None:
+        if self.gguf_for(role) is not None:
+            return None
         own = {"draft": self.draft_bits, "eagle": self.eagle_bits}.get(role, "same")
         return self.bits if own == "same" else own  # type: ignore[return-value]
+
+    def gguf_for(self, role: str) -> Path | None:
+        return next((Path(path) for r, path in self.gguf if r == role), None)
 
 
 def untie_lm_head(model) -> str | None:
@@ -124,13 +133,14 @@ def tied_heads(model) -> dict[str, str]:
     return out
 
 
-def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None) -> list[str]:
+def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None,
+                     only: set[str] | None = None) -> list[str]:
     """Rewrite each token lookup (a Gather of ``input_ids`` on axis 0 from a float [V, H] initializer) into ONNX Runtime's
     ``GatherBlockQuantized`` at int8: symmetric blocks of ``block_size`` along H, scales in the table's dtype.
     (ORT's own quantizer writes that op at 4 bits only.) Where an int8 ``MatMulNBits`` LM head holds the same
     table (``tied``: from ``tied_heads`` before quantizing), the lookup reads that head's bytes and scales, as
-    llama.cpp's Q8_0 files store a tied table once. Float tables nothing else reads are dropped.
-    Returns the rewritten tables' names."""
+    llama.cpp's Q8_0 files store a tied table once. Float tables nothing else reads are dropped. ``only``: the
+    tables to rewrite (default: every token lookup). Returns the rewritten tables' names."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -142,7 +152,8 @@ def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None)
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         # Only the token lookup: a float table gathered by position (a rotary cache) must keep its precision.
         table = inits.get(node.input[0]) if node.op_type == "Gather" and node.input[1] == C.INPUT_IDS else None
-        if (table is None or axis != 0 or len(table.dims) != 2 or table.dims[1] % block_size
+        if (table is None or (only is not None and table.name not in only) or axis != 0 or len(table.dims) != 2
+                or table.dims[1] % block_size
                 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
             nodes.append(node)
             continue
@@ -334,15 +345,22 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             if item.name != "engines":  # engines belong to the float graphs
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         for role, entry in manifest.models.items():
-            bits = options.bits_for(role)
-            if bits is None:
+            bits, gguf = options.bits_for(role), options.gguf_for(role)
+            if bits is None and gguf is None:
                 continue
             if progress:
-                progress(f"{role}: int{bits}, blocks of {options.block_size}")
+                progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
+                         f"{role}: int{bits}, blocks of {options.block_size}")
             data = tmp / (entry.file + ".data")
             data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
-            record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
-                                    options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3")
+            if gguf is not None:
+                from .gguf import keep_blocks
+
+                record = keep_blocks(src / entry.file, tmp / entry.file, gguf, options.accuracy_level)
+                bits = record["bits"]
+            else:
+                record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
+                                        options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3")
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.
@@ -352,6 +370,10 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 progress(f"{role}: checking int{bits} against the float graph")
             parity = distribution_parity(src, tmp, manifest, role, prompts)
             record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
+            if gguf is not None and (parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]):
+                raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
+                                  f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
+                                  "conversion fault; export with --quantize int8 or as float meanwhile")
             if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
@@ -386,7 +408,9 @@ def describe(manifest: Manifest) -> str:
         if not q:
             lines.append(f"{role}: {e.dtype} (not quantized)")
             continue
-        line = (f"{role}: int{q['bits']} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
+        kind = (f"{'+'.join(sorted(q['gguf']['types']))} blocks of {q['gguf']['file']} kept" if q.get("gguf")
+                else f"int{q['bits']}")
+        line = (f"{role}: {kind} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
                 f"{' incl. the LM head' if q['lm_head_untied'] else ''}"
                 f"{', int8 lookup' if q.get('quantized_lookups') else ''}), {q['bytes_before'] / 2**20:.1f} → "
                 f"{q['bytes_after'] / 2**20:.1f} MiB")

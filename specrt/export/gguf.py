@@ -1,0 +1,264 @@
+"""GGUF in: a llama.cpp model file becomes a Hugging Face folder (transformers' GGUF loading: config,
+tokenizer, chat template, weights dequantized to fp32), and its Q4_0 / Q4_1 / Q8_0 blocks become the
+exported graph's ``MatMulNBits`` weights as they are, with no re-quantization.
+
+How a GGUF row reaches the graph: the exported float graph's weight columns are the dequantized GGUF rows,
+in some order (transformers un-permutes llama.cpp's rotary row order of q/k, may split fused tensors). Each
+output column is matched to its GGUF row by content, so no per-architecture name table is needed and a
+match is a proof: the column IS that row, bit for bit. The row's blocks then go in unchanged:
+
+- Q8_0 (d fp16, 32 int8): 8-bit ``MatMulNBits`` with the default zero point 128, data = q + 128. Exact.
+- Q4_0 (d fp16, 32 nibbles, value d·(q − 8)): 4-bit with the default zero point 8. Exact.
+- Q4_1 (d, m fp16, value d·q + m): ``MatMulNBits`` holds d·(q − 8) exactly; the minimum goes in as a
+  low-rank float term, (block sums of A) · (m + 8d)ᵀ, two small MatMuls beside it. Exact in the weights
+  (m + 8d is exact in fp32); only the float accumulation order differs. (MatMulNBits' own float zero
+  points would hold −m/d within a rounding, but ONNX Runtime 1.32's CPU kernel runs them 20-40× slower.)
+
+Other types (F32, F16, BF16, K-quants) arrive dequantized and stay float in the graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, ModelLoadError
+
+BLOCK = 32  # every kept type's block length along K
+KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # GGML type → MatMulNBits bits
+_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block of 32
+
+
+def find_gguf(source: str | Path | None) -> Path | None:
+    """The GGUF file ``source`` names: a ``.gguf`` file, or a folder with no config.json holding exactly one."""
+    if source is None:
+        return None
+    p = Path(source).expanduser()
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return p
+    if p.is_dir() and not (p / "config.json").is_file():
+        files = sorted(p.glob("*.gguf"))
+        if len(files) > 1:
+            raise ModelLoadError(f"{p} holds {len(files)} GGUF files ({', '.join(f.name for f in files[:3])}); "
+                                 "pass the one to export")
+        return files[0] if files else None
+    return None
+
+
+def stage(path: Path, folder: Path) -> Path:
+    """Write the GGUF at ``path`` as a Hugging Face folder (fp32 safetensors, tokenizer, chat template,
+    generation config with its end ids) at ``folder``, through transformers' GGUF loading."""
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+    )
+
+    where, name = str(path.parent), path.name
+    try:
+        config = AutoConfig.from_pretrained(where, gguf_file=name)
+        tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ModelLoadError(f"could not read {path} as a GGUF model: {str(e).splitlines()[0]}") from None
+    # A fresh model from the config, the loaded weights copied in: what save_pretrained writes then carries
+    # no GGUF loading state.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    del loaded
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ends = [i for i in (config.eos_token_id, tok.eos_token_id) if i is not None]
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=sorted(set(ends)) or None).save_pretrained(folder)
+    return folder
+
+
+def has_blocks(path: Path) -> bool:
+    """Whether the GGUF holds any weight of a kept type (else it exports float, or as --quantize says)."""
+    import gguf
+
+    try:
+        return any(t.tensor_type.name in KEPT and len(t.shape) == 2 for t in gguf.GGUFReader(str(path)).tensors)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
+
+
+@dataclass
+class _Rows:
+    """One GGUF tensor kept as blocks: per row its raw blocks [N, K/32, bytes] and dequantized values."""
+
+    name: str
+    kind: str  # Q4_0 | Q4_1 | Q8_0
+    raw: np.ndarray
+    values: np.ndarray  # fp32 [N, K]
+
+
+def _read(path: Path) -> list[_Rows]:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
+    out = []
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in KEPT or len(t.shape) != 2:
+            continue
+        raw = np.asarray(t.data, dtype=np.uint8)
+        k = int(t.shape[0])  # ggml order: ne0 (the row length) first
+        if k % BLOCK or raw.shape[-1] != k // BLOCK * _BYTES[kind]:
+            raise ModelLoadError(f"{path}: tensor {t.name} ({kind}) has {raw.shape[-1]} bytes per row for "
+                                 f"{k} values")
+        values = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32).reshape(-1, k)
+        out.append(_Rows(t.name, kind, raw.reshape(len(values), k // BLOCK, _BYTES[kind]), values))
+    return out
+
+
+def _digest(row: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(row, dtype=np.float32).tobytes(), digest_size=16).digest()
+
+
+class _RowIndex:
+    """Every kept GGUF row by the digest of its dequantized values (equal rows are interchangeable: same
+    values, same products)."""
+
+    def __init__(self, tensors: list[_Rows]) -> None:
+        self.tensors = tensors
+        self.where: dict[tuple[int, bytes], tuple[int, int]] = {}
+        for ti, t in enumerate(tensors):
+            for r, row in enumerate(t.values):
+                self.where.setdefault((row.size, _digest(row)), (ti, r))
+
+    def match(self, columns: np.ndarray) -> list[tuple[int, int]] | None:
+        """Per column of ``columns`` [N, K] (a weight's output features), its (tensor, row), or None when any
+        column is not a kept GGUF row, bit for bit."""
+        found = []
+        for col in columns:
+            hit = self.where.get((col.size, _digest(col)))
+            if hit is None or not np.array_equal(self.tensors[hit[0]].values[hit[1]], col):
+                return None
+            found.append(hit)
+        return found
+
+
+def _nibbles(raw: np.ndarray) -> np.ndarray:
+    """ggml's 4-bit block payload (byte j: value j low, value j + 16 high) → MatMulNBits' (byte j: values
+    2j low, 2j + 1 high), per block."""
+    q = np.concatenate([raw & 0x0F, raw >> 4], axis=-1)  # values 0..31 in order
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _half(raw: np.ndarray, at: int) -> np.ndarray:
+    return np.ascontiguousarray(raw[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _blocks(rows: list[np.ndarray], kind: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(bits, MatMulNBits data [N, K/32, blob], scales [N, K/32] fp32, the Q4_1 term's (m + 8d) [N, K/32] or
+    None) from the rows' raw blocks [N, K/32, bytes]."""
+    raw = np.stack(rows)
+    if kind == "Q8_0":
+        q = raw[..., 2:].view(np.int8).astype(np.int16) + 128
+        return 8, q.astype(np.uint8), _half(raw, 0), None
+    if kind == "Q4_0":
+        return 4, _nibbles(raw[..., 2:]), _half(raw, 0), None
+    d, m = _half(raw, 0), _half(raw, 2)
+    offset = m + 8 * d
+    if not np.array_equal(offset - 8 * d, m):
+        raise ConfigError("a Q4_1 minimum is not exact as m + 8d in fp32; this GGUF cannot be kept as it is")
+    return 4, _nibbles(raw[..., 4:]), d, offset
+
+
+def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> dict:
+    """Rewrite the float graph ``path`` into ``out`` with every weight whose columns are kept GGUF rows as
+    ``MatMulNBits`` holding those rows' blocks (the token lookup tied to a Q8_0 head reads the head's bytes);
+    what was done, as a quantization record."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ..bundle import contract as C
+    from .quantize import _drop_dead, quantize_lookups, tied_heads, untie_lm_head
+
+    model = onnx.load(str(path))
+    if any(n.op_type == "MatMulNBits" for n in model.graph.node):
+        raise ConfigError(f"{path.name} is already quantized")
+    g = model.graph
+    untied = untie_lm_head(model)
+    tied = tied_heads(model)
+    index = _RowIndex(_read(gguf_path))
+    if not index.tensors:
+        raise ConfigError(f"{gguf_path.name} has no Q4_0, Q4_1 or Q8_0 weights to keep; export it with --quantize "
+                          "int4/int8 or as float")
+    inits = {i.name: i for i in g.initializer}
+    block_sums: dict[str, str] = {}  # input → its block sums (Q4_1 term), computed once per input
+    nodes, kept, floats, types = [], {}, [], {}
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or len(w.dims) != 2 or w.dims[0] % BLOCK:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(w)
+        hits = index.match(weight.T.astype(np.float32))
+        if hits is None:
+            floats.append(node.name)
+            nodes.append(node)
+            continue
+        kinds = {index.tensors[t].kind for t, _ in hits}
+        if len(kinds) > 1:  # rows of several block types in one weight: left float
+            floats.append(node.name)
+            nodes.append(node)
+            continue
+        (kind,) = kinds
+        bits, data, scales, offset = _blocks([index.tensors[t].raw[r] for t, r in hits], kind)
+        k, n = weight.shape
+        dtype = weight.dtype
+        base = w.name
+        data_name, scale_name = f"{base}_Q{bits}", f"{base}_scales"
+        g.initializer.extend([numpy_helper.from_array(data, data_name),
+                              numpy_helper.from_array(scales.astype(dtype).reshape(-1), scale_name)])
+        out_name = node.output[0] if offset is None else f"{node.output[0]}.blocks"
+        nodes.append(helper.make_node("MatMulNBits", [node.input[0], data_name, scale_name], [out_name],
+                                      name=f"{node.name}_Q{bits}", domain="com.microsoft", K=k, N=n, bits=bits,
+                                      block_size=BLOCK, accuracy_level=accuracy_level))
+        if offset is not None:
+            a = node.input[0]
+            if a not in block_sums:
+                ind = f"gguf.block_sum.{k}.{np.dtype(dtype).name}"
+                if ind not in inits:
+                    eye = np.repeat(np.eye(k // BLOCK, dtype=dtype), BLOCK, axis=0)  # [K, K/32]
+                    inits[ind] = numpy_helper.from_array(eye, ind)
+                    g.initializer.append(inits[ind])
+                block_sums[a] = f"{a}.gguf_block_sums"
+                nodes.append(helper.make_node("MatMul", [a, ind], [block_sums[a]], name=f"{a}.gguf_block_sums"))
+            term = f"{base}_minimum"
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(offset.T.astype(dtype)), term))
+            nodes.append(helper.make_node("MatMul", [block_sums[a], term], [f"{node.output[0]}.minimum"],
+                                          name=f"{node.name}_minimum"))
+            nodes.append(helper.make_node("Add", [out_name, f"{node.output[0]}.minimum"], [node.output[0]],
+                                          name=f"{node.name}_Q4_1"))
+        kept[node.name] = kind
+        types[kind] = types.get(kind, 0) + 1
+    if not kept:
+        raise ConfigError(f"no weight of {path.name} matches a Q4_0/Q4_1/Q8_0 tensor of {gguf_path.name}: "
+                          "was the graph exported from this GGUF?")
+    del g.node[:]
+    g.node.extend(nodes)
+    # The Q8_0 tied head's lookup reads the head's own blocks; no other table is re-quantized.
+    shared = {t: w for t, w in tied.items() if f"{w}_Q8" in {i.name for i in g.initializer}}
+    tables = quantize_lookups(model, BLOCK, shared, only=set(shared)) if shared else []
+    _drop_dead(model)
+    large = model.ByteSize() > 1_800_000_000
+    onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
+    bits = min(KEPT[k] for k in types)
+    return {"bits": bits, "block_size": BLOCK, "accuracy_level": accuracy_level, "symmetric": "Q4_1" not in types,
+            "format": "gguf", "quantized_matmuls": sorted(kept), "lm_head_untied": untied is not None,
+            "gguf": {"file": gguf_path.name, "kept": kept, "float_matmuls": sorted(floats), "types": types,
+                     "weights": "bit for bit (Q4_1: its minimum as an exact fp32 term beside MatMulNBits)"},
+            **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": tables} if tables else {}),
+            "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
