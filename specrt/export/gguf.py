@@ -74,6 +74,7 @@ def stage(path: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
+    _drop_added_past(folder, config.vocab_size)
     ends = [i for i in (config.eos_token_id, tok.eos_token_id) if i is not None]
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=sorted(set(ends)) or None).save_pretrained(folder)
     return folder
@@ -87,6 +88,30 @@ def has_blocks(path: Path) -> bool:
         return any(t.tensor_type.name in KEPT and len(t.shape) == 2 for t in gguf.GGUFReader(str(path)).tensors)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
+
+
+def _drop_added_past(folder: Path, vocab_size: int) -> None:
+    """transformers' GGUF tokenizer for a byte-level BPE file adds GPT-2's default ``<|endoftext|>`` as its
+    unknown token when the vocabulary has none: an id past the model's logits. The saved tokenizer drops
+    added tokens past ``vocab_size`` (and the unknown token, when it was one of them)."""
+    import json
+
+    tok_file, cfg_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    data = json.loads(tok_file.read_text())
+    past = {t["content"] for t in data.get("added_tokens", []) if t["id"] >= vocab_size}
+    if not past:
+        return
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < vocab_size]
+    if data.get("model", {}).get("unk_token") in past:
+        data["model"]["unk_token"] = None
+    tok_file.write_text(json.dumps(data, ensure_ascii=False))
+    if cfg_file.is_file():
+        cfg = json.loads(cfg_file.read_text())
+        cfg["added_tokens_decoder"] = {k: v for k, v in cfg.get("added_tokens_decoder", {}).items()
+                                       if int(k) < vocab_size}
+        for key in [k for k, v in cfg.items() if isinstance(v, str) and v in past]:
+            del cfg[key]
+        cfg_file.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
 @dataclass

@@ -112,6 +112,10 @@ def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
     assert q["gguf"]["float_matmuls"] == [] and q["quantized_lookups"]  # the lookup reads the Q8_0 head's bytes
     assert q["parity"]["mean_kl"] < 1e-3 and q["parity"]["top1_agreement"] == 1.0
     assert manifest.target.source == str(tiny_gguf.resolve())
+    from tokenizers import Tokenizer
+
+    # transformers' GGUF tokenizer adds an <|endoftext|> past this vocabulary; the bundle's does not
+    assert Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).get_vocab_size() == manifest.target.dims.vocab_size
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["chat_template.jinja", "specrt.json",
                                                                    "target.onnx", "tokenizer.json"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the hidden work folder is gone
@@ -119,6 +123,20 @@ def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
     gen = specrt.load(tmp_path / "b", threads=1)
     want = gen.generate("def fib(n):", max_new_tokens=12, method="none").token_ids
     assert len(want) == 12 and gen.generate("def fib(n):", max_new_tokens=12, method="ngram").token_ids == want
+
+
+def test_a_gguf_target_and_draft_export_as_a_pair(tiny_gguf, tmp_path):
+    from specrt.export.bundle import ExportOptions
+    from specrt.export.pipeline import export_pipeline
+
+    draft = write_llama_gguf(tiny_gguf.parent / "hf", tmp_path / "draft.gguf", linear="Q8_0")
+    manifest = export_pipeline(str(tiny_gguf), str(draft), tmp_path / "b", ExportOptions())
+    assert manifest.target.quantization["gguf"]["types"] == {"Q4_1": 8, "Q8_0": 1}
+    assert manifest.draft.quantization["gguf"]["types"] == {"Q8_0": 9} and manifest.draft.quantization["bits"] == 8
+    assert manifest.draft.source == str(draft.resolve())
+    gen = specrt.load(tmp_path / "b", threads=1)
+    want = gen.generate("def fib(n):", max_new_tokens=10, method="none").token_ids
+    assert gen.generate("def fib(n):", max_new_tokens=10, method="draft", gamma=3).token_ids == want
 
 
 def test_a_float_gguf_exports_float_and_quantize_re_quantizes(tiny_gguf, tmp_path):

@@ -1,0 +1,94 @@
+"""specrt and llama.cpp on the same GGUF weights, each in its own processes, as users run them.
+
+    python benchmarks/side_by_side.py --bundle B[=METHODS] [--bundle ...] --gguf FILE [--gguf ...] \
+        --llama-bin DIR --prompts P.json [--chat] [--max-new-tokens 64] [--rounds 3] [--threads 2] [--json OUT]
+
+Each round runs every engine once, in turn (the order rotates by round): a bundle is one `specrt bench`
+process over all prompts (its methods, default `none`; its tokens/s counts prefill and decoding); a GGUF is
+one `llama-completion` process per prompt (greedy, the same thread count; its tokens/s is llama.cpp's own
+"prompt eval" + "eval" time over the tokens it produced, the load excluded as specrt's bench excludes
+session creation). Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
+over rounds, and each engine's ratio to the first GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PERF = re.compile(r"(prompt eval|\beval) time =\s*([\d.]+) ms /\s*(\d+) (tokens|runs)")
+
+
+def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, threads: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "-m", "specrt.cli", "bench", "--bundle", bundle, "--methods", methods, "--prompts",
+               prompts, "--max-new-tokens", str(n), "--repeats", "1", "--threads", str(threads), "--json", str(out)]
+        subprocess.run(cmd + (["--chat"] if chat else []), check=True, capture_output=True)
+        return {m: r["tokens_per_second"] for m, r in json.loads(out.read_text())["methods"].items()}
+
+
+def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int) -> dict[str, float]:
+    tokens = ms = 0.0
+    for text in texts:
+        run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "-t", str(threads),
+                              "-no-cnv", "--no-warmup", "-s", "0"], capture_output=True, text=True, check=True)
+        perf = {m[0]: (float(m[1]), int(m[2])) for m in PERF.findall(run.stderr)}
+        prompt_ms, decode = perf["prompt eval"][0], perf["eval"]
+        tokens += decode[1] + 1  # the first new token comes from the prompt's pass
+        ms += prompt_ms + decode[0]
+    return {"plain": tokens / ms * 1000}
+
+
+def prompt_texts(bundle: str, prompts: list[str], chat: bool) -> list[str]:
+    """What llama.cpp is given: the chat template's text (its own BOS rule applies) or the prompt itself."""
+    if not chat:
+        return prompts
+    import specrt
+
+    gen = specrt.load(bundle, threads=1)
+    return [gen.render_chat([{"role": "user", "content": p}]) for p in prompts]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", action="append", default=[], help="BUNDLE or BUNDLE=method,method")
+    ap.add_argument("--gguf", action="append", default=[])
+    ap.add_argument("--llama-bin", type=Path, required=True, help="folder holding llama-completion")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    prompts = json.loads(Path(a.prompts).read_text())
+    bundles = [b.split("=", 1) if "=" in b else (b, "none") for b in a.bundle]
+    texts = prompt_texts(bundles[0][0], prompts, a.chat) if bundles else prompts
+    engines = [(f"llama.cpp {Path(g).name}", lambda g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
+                                                                      a.max_new_tokens, a.threads)) for g in a.gguf]
+    engines += [(f"specrt {Path(b).name}", lambda b=b, m=m: specrt_round(b, m, a.prompts, a.chat, a.max_new_tokens,
+                                                                          a.threads)) for b, m in bundles]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in engines}
+    for r in range(a.rounds):
+        for name, run in engines[r % len(engines):] + engines[:r % len(engines)]:
+            runs[name].append(run())
+            print(f"round {r + 1}: {name} {runs[name][-1]}", flush=True)
+    rows = {f"{name} · {m}": statistics.median(x[m] for x in reps) for name, reps in runs.items() for m in reps[0]}
+    base = next(iter(rows.values()))
+    for name, tps in rows.items():
+        print(f"{name:60s} {tps:7.1f} tokens/s  {tps / base:5.2f}x")
+    if a.json:
+        a.json.write_text(json.dumps({"prompts": a.prompts, "chat": a.chat, "max_new_tokens": a.max_new_tokens,
+                                      "rounds": a.rounds, "threads": a.threads, "tokens_per_second": rows,
+                                      "runs": runs}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
