@@ -147,27 +147,27 @@ def _read(path: Path) -> list[_Rows]:
 
 
 def _digest(row: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(row, dtype=np.float32).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=16).digest()
 
 
 class _RowIndex:
-    """Every kept GGUF row by the digest of its dequantized values (equal rows are interchangeable: same
-    values, same products)."""
+    """Every kept GGUF row by the digest of its dequantized values in the graph's float type (an fp16 graph
+    holds them rounded to fp16). Equal rows are interchangeable: same values, same products."""
 
-    def __init__(self, tensors: list[_Rows]) -> None:
-        self.tensors = tensors
+    def __init__(self, tensors: list[_Rows], dtype: np.dtype) -> None:
+        self.tensors, self.dtype = tensors, dtype
         self.where: dict[tuple[int, bytes], tuple[int, int]] = {}
         for ti, t in enumerate(tensors):
-            for r, row in enumerate(t.values):
+            for r, row in enumerate(t.values.astype(dtype)):
                 self.where.setdefault((row.size, _digest(row)), (ti, r))
 
     def match(self, columns: np.ndarray) -> list[tuple[int, int]] | None:
         """Per column of ``columns`` [N, K] (a weight's output features), its (tensor, row), or None when any
-        column is not a kept GGUF row, bit for bit."""
+        column is not a kept GGUF row, bit for bit in the graph's type."""
         found = []
         for col in columns:
             hit = self.where.get((col.size, _digest(col)))
-            if hit is None or not np.array_equal(self.tensors[hit[0]].values[hit[1]], col):
+            if hit is None or not np.array_equal(self.tensors[hit[0]].values[hit[1]].astype(self.dtype), col):
                 return None
             found.append(hit)
         return found
@@ -195,7 +195,7 @@ def _blocks(rows: list[np.ndarray], kind: str) -> tuple[int, np.ndarray, np.ndar
         return 4, _nibbles(raw[..., 2:]), _half(raw, 0), None
     d, m = _half(raw, 0), _half(raw, 2)
     offset = m + 8 * d
-    if not np.array_equal(offset - 8 * d, m):
+    if not np.array_equal(offset - 8 * d, m):  # fp16 operands: holds unless their exponents are ~13 apart
         raise ConfigError("a Q4_1 minimum is not exact as m + 8d in fp32; this GGUF cannot be kept as it is")
     return 4, _nibbles(raw[..., 4:]), d, offset
 
@@ -216,8 +216,9 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     g = model.graph
     untied = untie_lm_head(model)
     tied = tied_heads(model)
-    index = _RowIndex(_read(gguf_path))
-    if not index.tensors:
+    tensors = _read(gguf_path)
+    indexes: dict[np.dtype, _RowIndex] = {}
+    if not tensors:
         raise ConfigError(f"{gguf_path.name} has no Q4_0, Q4_1 or Q8_0 weights to keep; export it with --quantize "
                           "int4/int8 or as float")
     inits = {i.name: i for i in g.initializer}
@@ -229,7 +230,10 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
             nodes.append(node)
             continue
         weight = numpy_helper.to_array(w)
-        hits = index.match(weight.T.astype(np.float32))
+        if weight.dtype not in indexes:
+            indexes[weight.dtype] = _RowIndex(tensors, weight.dtype)
+        index = indexes[weight.dtype]
+        hits = index.match(np.ascontiguousarray(weight.T))
         if hits is None:
             floats.append(node.name)
             nodes.append(node)
@@ -281,9 +285,12 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     large = model.ByteSize() > 1_800_000_000
     onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
     bits = min(KEPT[k] for k in types)
+    float_graph = all(d == np.float32 for d in indexes)
     return {"bits": bits, "block_size": BLOCK, "accuracy_level": accuracy_level, "symmetric": "Q4_1" not in types,
             "format": "gguf", "quantized_matmuls": sorted(kept), "lm_head_untied": untied is not None,
             "gguf": {"file": gguf_path.name, "kept": kept, "float_matmuls": sorted(floats), "types": types,
-                     "weights": "bit for bit (Q4_1: its minimum as an exact fp32 term beside MatMulNBits)"},
+                     "weights": "bit for bit" + (" (Q4_1: its minimum as a float term beside MatMulNBits, "
+                                                  + ("exact in fp32)" if float_graph else "rounded to fp16)")
+                                                  if "Q4_1" in types else "")},
             **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": tables} if tables else {}),
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}

@@ -125,6 +125,16 @@ def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
     assert len(want) == 12 and gen.generate("def fib(n):", max_new_tokens=12, method="ngram").token_ids == want
 
 
+def test_an_fp16_bundle_keeps_the_blocks_too(tiny_gguf, tmp_path):
+    """An fp16 graph holds the dequantized weights rounded to fp16; they still match their GGUF rows."""
+    from specrt.export.bundle import ExportOptions
+    from specrt.export.pipeline import export_pipeline
+
+    q = export_pipeline(str(tiny_gguf), None, tmp_path / "b", ExportOptions(dtype="float16")).target.quantization
+    assert q["gguf"]["types"] == {"Q4_1": 8, "Q8_0": 1} and q["gguf"]["float_matmuls"] == []
+    assert "rounded to fp16" in q["gguf"]["weights"] and q["parity"]["top1_agreement"] >= 0.95
+
+
 def test_a_gguf_target_and_draft_export_as_a_pair(tiny_gguf, tmp_path):
     from specrt.export.bundle import ExportOptions
     from specrt.export.pipeline import export_pipeline
