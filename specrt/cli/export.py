@@ -254,7 +254,8 @@ def eagle() -> None:
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, init: str | None) -> None:
-    """Train an EAGLE-3 head for the frozen local MODEL, on text the target writes itself (never a download).
+    """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
+    target writes itself (never a download).
 
     The head learns the target's distribution over a reduced draft vocabulary (forward KL), unrolled on its own
     outputs as the runtime feeds them; it is written in the published layout (config.json, model.safetensors),

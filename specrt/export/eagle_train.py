@@ -46,6 +46,7 @@ from .eagle_data import (
     scored_rows,
     target_end_ids,
 )
+from .gguf import find_gguf, stage
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
@@ -330,7 +331,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 resume: bool = False) -> dict:
     """Train an EAGLE-3 head for the frozen target in ``target_dir``; returns the training.json record.
 
-    ``target_dir``: a local Hugging Face model folder (nothing is downloaded). ``out_dir``: receives
+    ``target_dir``: a local Hugging Face model folder or llama.cpp GGUF (nothing is downloaded). ``out_dir``: receives
     ``config.json`` + ``model.safetensors`` (the published layout, ``save_eagle3``, float weights as
     ``config.dtype``) and ``training.json`` (config, data sizes, timing, loss history, held-out acceptance
     before and after training); while training it also holds ``.train/`` (the data cache and a checkpoint of
@@ -356,10 +357,16 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not isinstance(cfg, EagleTrainConfig):
         raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
     source = Path(target_dir).expanduser()
+    out = Path(out_dir)
+    gguf = find_gguf(source)
+    if gguf is not None:  # a llama.cpp model: trained on as transformers dequantizes it, read once per run
+        staged = out / WORK_DIR / "target"
+        if not (resume and (staged / "config.json").is_file()):
+            stage(gguf, staged)
+        source = staged
     if not (source / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a local Hugging Face model folder (no config.json); "
                              "eagle train reads the target from disk and never downloads")
-    out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputPathError(f"{out} exists and is not a folder")
     if prompts is None:
@@ -379,8 +386,10 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     init = _init_head(cfg.init, target_config) if cfg.init else None
     fingerprint = data_fingerprint(str(source), cfg, prompts, docs, None if init is None else init[2])
     work = out / WORK_DIR
-    if not resume and work.exists():
-        shutil.rmtree(work)  # only specrt's own work folder: a fresh run starts from nothing
+    if not resume and work.exists():  # only specrt's own work folder: a fresh run starts from nothing
+        for item in work.iterdir():
+            if gguf is None or item.name != "target":  # (the target just read from its GGUF stays)
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
 
     model = load_causal_lm(str(source), "float32")
     model.requires_grad_(False)
@@ -449,7 +458,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]
     record = {
-        "format": FORMAT_VERSION, "target": str(source), "architecture": target_config.model_type,
+        "format": FORMAT_VERSION, "target": str(gguf or source), "architecture": target_config.model_type,
         "config": asdict(cfg), "head": head_cfg.to_json(torch_dtype=cfg.dtype), "taps": list(taps),
         "tap_convention": "entering layer i (output_hidden_states[i])", "end_ids": end_ids,
         "draft_vocab_size": len(d2t),

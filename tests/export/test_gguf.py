@@ -85,21 +85,24 @@ def test_weights_that_are_not_gguf_rows_stay_float(tmp_path):
         G.keep_blocks(tmp_path / "other.onnx", tmp_path / "x.onnx", tmp_path / "w.gguf", 4)
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
+def _tiny_gguf(root, layers: int = 2):
     """A tiny tied-embedding llama written as llama.cpp would: Q4_1 linears, a Q8_0 embedding, a chat template."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("gguf")
     tok = make_tokenizer()
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
                                          tie_word_embeddings=True)).eval()
     model.save_pretrained(root / "hf")
     tok.save_pretrained(root / "hf")
     return write_llama_gguf(root / "hf", root / "tiny.gguf", chat_template=CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return _tiny_gguf(tmp_path_factory.mktemp("gguf"))
 
 
 def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
@@ -188,3 +191,15 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "-o", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "Q4_1+Q8_0 blocks of tiny.gguf kept" in result.output and "done:" in result.output
+
+
+def test_a_head_trains_for_a_gguf_target(tmp_path):
+    from specrt.export.eagle import load_eagle3
+    from specrt.export.eagle_train import EagleTrainConfig, train_eagle
+
+    (tmp_path / "m").mkdir()
+    tiny_gguf = _tiny_gguf(tmp_path / "m", layers=4)  # the fewest a head can tap
+    cfg = EagleTrainConfig(steps=4, batch_size=2, seq_len=64, num_sequences=4, draft_vocab=64, topk=8)
+    record = train_eagle(tiny_gguf, tmp_path / "head", cfg, prompts=["def fib(n):", "import os", "x = 1"])
+    assert record["target"] == str(tiny_gguf) and not (tmp_path / "head" / ".train").exists()
+    assert load_eagle3(tmp_path / "head")[0].hidden_size == 64
