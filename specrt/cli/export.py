@@ -55,7 +55,7 @@ from .options import (
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
            eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None,
-           eagle_quantize: int | str | None, quantize_embeddings: bool, force: bool) -> None:
+           eagle_quantize: int | str | None, algorithm: str, quantize_embeddings: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
@@ -93,7 +93,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
     qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                             embeddings=quantize_embeddings) if quantize or proposer_only else None)
+                             embeddings=quantize_embeddings, algorithm=algorithm) if quantize or proposer_only else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
@@ -107,7 +107,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 @quantize_layout_options()
 @force_option
 def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_quantize: int | str | None,
-             eagle_quantize: int | str | None, quantize_embeddings: bool, force: bool) -> None:
+             eagle_quantize: int | str | None, algorithm: str, quantize_embeddings: bool, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
@@ -119,11 +119,12 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_
     Examples:
       specrt quantize bundle -o bundle-int4 --bits int4 --block-size 32
       specrt quantize bundle -o bundle-qhead --bits none --eagle-quantize int8   # float target, int8 head
+      specrt quantize bundle -o bundle-hqq --bits int4 --algorithm hqq          # int4 a small model survives
     """
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 
     options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                              embeddings=quantize_embeddings)
+                              embeddings=quantize_embeddings, algorithm=algorithm)
     manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output}")

@@ -34,6 +34,7 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # (measured on the demo pair: int4 KL 0.005-0.012 nats, int8 0.0001; thresholds leave ~10x room).
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
+ALGORITHMS = ("rtn", "hqq")
 MIN_TOP1 = {4: 0.85, 8: 0.95}
 
 
@@ -54,8 +55,13 @@ class QuantizeOptions:
     # Roles whose float graph came from a GGUF file: (role, path) pairs. Those keep the file's Q4_0 / Q4_1 /
     # Q8_0 blocks as they are (specrt.export.gguf) instead of being quantized at ``bits``.
     gguf: tuple[tuple[str, str], ...] = ()
+    # int4 weights: "rtn" (symmetric round-to-nearest) or "hqq" (ORT's half-quadratic quantizer: asymmetric,
+    # scales and zero points fitted per block). int8 weights are always RTN.
+    algorithm: str = "rtn"
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.bits not in (None, *BITS):
             raise ConfigError(f"--quantize must be int4 or int8, got {self.bits} bits")
         if self.block_size not in BLOCK_SIZES:
@@ -230,11 +236,22 @@ def _drop_dead(model) -> None:
 
 
 def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int,
-                   lookups: bool = False) -> dict:
+                   lookups: bool = False, algorithm: str = "rtn") -> dict:
     """Quantize every constant-weight MatMul of ``path`` into ``out`` (``lookups``: the embedding lookups too,
-    at int8); what was done, as a record."""
+    at int8; ``algorithm``: "rtn" or, for int4, "hqq"); what was done, as a record."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    hqq = algorithm == "hqq" and bits == 4
+    if hqq:
+        try:
+            import torch  # noqa: F401  (ORT's HQQ fits blocks with torch)
+        except ImportError:
+            raise SpecrtError("--algorithm hqq needs torch (ONNX Runtime's HQQ quantizer runs on it): "
+                              "pip install torch==2.13.0") from None
 
     model = onnx.load(str(path))
     if any(n.op_type == "MatMulNBits" for n in model.graph.node):
@@ -243,16 +260,21 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     tied = tied_heads(model) if lookups else {}
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
-                                     accuracy_level=accuracy_level)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=not hqq,
+                                     accuracy_level=accuracy_level,
+                                     algo_config=HQQWeightOnlyQuantConfig(block_size=block_size, bits=4) if hqq else None)
     quantizer.process()
     qmodel = quantizer.model.model
+    if hqq:  # ORT's HQQ path writes no accuracy level (0: fp32 arithmetic, ~3x slower on CPU)
+        for node in qmodel.graph.node:
+            if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
     tables = quantize_lookups(qmodel, block_size, tied) if lookups else []
     after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
     large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
     onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
-    return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": True,
-            "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
+    return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": not hqq,
+            "algorithm": "hqq" if hqq else "rtn", "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
             **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": sorted(set(tables) & set(tied))}
                if tables else {}),
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
@@ -360,7 +382,8 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 bits = record["bits"]
             else:
                 record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
-                                        options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3")
+                                        options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3",
+                                        algorithm=options.algorithm)
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.
@@ -378,6 +401,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
                                   f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
+                                  + ("--algorithm hqq, " if bits == 4 and options.algorithm == "rtn" else "")
                                   + ("int8 or " if bits == 4 else "") + "a smaller block size"
                                   + (" or no --quantize-embeddings" if options.embeddings else ""))
             models[role] = replace(entry, quantization=record)
@@ -410,6 +434,8 @@ def describe(manifest: Manifest) -> str:
             continue
         kind = (f"{'+'.join(sorted(q['gguf']['types']))} blocks of {q['gguf']['file']} kept" if q.get("gguf")
                 else f"int{q['bits']}")
+        if q.get("algorithm") == "hqq":
+            kind += " HQQ"
         line = (f"{role}: {kind} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
                 f"{' incl. the LM head' if q['lm_head_untied'] else ''}"
                 f"{', int8 lookup' if q.get('quantized_lookups') else ''}), {q['bytes_before'] / 2**20:.1f} → "

@@ -44,6 +44,23 @@ def test_every_matmul_with_weights_is_quantized_and_the_lookup_stays_float(int4_
     assert not m.engines and load_manifest(close_bundle).target.quantization is None
 
 
+def test_hqq_fits_asymmetric_int4_blocks_at_accuracy_level_4(close_bundle, tmp_path):
+    """--algorithm hqq: ORT's HQQ quantizer (scales and zero points fitted per block), with the accuracy level
+    its own path leaves out set (else the CPU kernel runs fp32 arithmetic); same gate, same exactness."""
+    out = tmp_path / "hqq"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=4, algorithm="hqq"))
+    q = m.target.quantization
+    assert q["algorithm"] == "hqq" and not q["symmetric"] and q["parity"]["mean_kl"] <= q["parity"]["max_mean_kl"]
+    nodes = [n for n in onnx.load(str(out / m.target.file)).graph.node if n.op_type == "MatMulNBits"]
+    assert nodes and all(len(n.input) == 4 for n in nodes)  # zero points
+    assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in nodes)
+    gen = specrt.load(out, threads=1)
+    want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids
+    assert gen.generate(PROMPTS[0], max_new_tokens=16, method="draft").token_ids == want
+    with pytest.raises(ConfigError, match="--algorithm"):
+        QuantizeOptions(bits=4, algorithm="gptq")
+
+
 def test_speculation_over_a_quantized_target_gives_its_greedy_tokens(int4_close):
     gen = specrt.load(int4_close, threads=1)
     for prompt in PROMPTS:
