@@ -358,17 +358,14 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
     source = Path(target_dir).expanduser()
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"{out} exists and is not a folder")
     gguf = find_gguf(source)
     if gguf is not None:  # a llama.cpp model: trained on as transformers dequantizes it, read once per run
-        staged = out / WORK_DIR / "target"
-        if not (resume and (staged / "config.json").is_file()):
-            stage(gguf, staged)
-        source = staged
+        source = _staged_target(gguf, out / WORK_DIR / "target", resume)
     if not (source / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a local Hugging Face model folder (no config.json); "
                              "eagle train reads the target from disk and never downloads")
-    if out.exists() and not out.is_dir():
-        raise OutputPathError(f"{out} exists and is not a folder")
     if prompts is None:
         from ..data import prompts as shipped_prompts
 
@@ -481,6 +478,23 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not cfg.keep_checkpoint:
         shutil.rmtree(work)
     return record
+
+
+def _staged_target(gguf: Path, folder: Path, resume: bool) -> Path:
+    """The GGUF target as a Hugging Face folder in the run's work folder: reused when resuming from the same
+    file (path, size, modification time), else written afresh (into a side folder, then renamed)."""
+    st = gguf.stat()
+    stamp = {"gguf": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp_file = folder / "specrt-gguf.json"
+    if resume and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return folder
+    side = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(side, ignore_errors=True)
+    stage(gguf, side)
+    (side / stamp_file.name).write_text(json.dumps(stamp))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(side, folder)
+    return folder
 
 
 def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict | None:

@@ -10,9 +10,8 @@ match is a proof: the column IS that row, bit for bit. The row's blocks then go 
 - Q8_0 (d fp16, 32 int8): 8-bit ``MatMulNBits`` with the default zero point 128, data = q + 128. Exact.
 - Q4_0 (d fp16, 32 nibbles, value d·(q − 8)): 4-bit with the default zero point 8. Exact.
 - Q4_1 (d, m fp16, value d·q + m): ``MatMulNBits`` holds d·(q − 8) exactly; the minimum goes in as a
-  low-rank float term, (block sums of A) · (m + 8d)ᵀ, two small MatMuls beside it. Exact in the weights
-  (m + 8d is exact in fp32); only the float accumulation order differs. (MatMulNBits' own float zero
-  points would hold −m/d within a rounding, but ONNX Runtime 1.32's CPU kernel runs them 20-40× slower.)
+  per-block float term (:mod:`specrt.export.block_term`), (block sums of A) · (m + 8d)ᵀ. Exact in the
+  weights (m + 8d is exact in fp32, checked); only the float accumulation order differs.
 
 Other types (F32, F16, BF16, K-quants) arrive dequantized and stay float in the graph.
 """
@@ -26,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, ModelLoadError
+from .block_term import BLOCK, BlockTerms
 
-BLOCK = 32  # every kept type's block length along K
 KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # GGML type → MatMulNBits bits
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block of 32
 
@@ -69,8 +68,13 @@ def stage(path: Path, folder: Path) -> Path:
     # A fresh model from the config, the loaded weights copied in: what save_pretrained writes then carries
     # no GGUF loading state.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=False)
+    found = model.load_state_dict(loaded.state_dict(), strict=False)
     del loaded
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = [k for k in found.missing_keys if k not in tied and not k.endswith("rotary_emb.inv_freq")]
+    if missing or found.unexpected_keys:
+        raise ModelLoadError(f"{path}: transformers' GGUF loading left {', '.join((missing or found.unexpected_keys)[:3])} "
+                             "unread; its architecture mapping does not cover this file")
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -156,21 +160,35 @@ class _RowIndex:
 
     def __init__(self, tensors: list[_Rows], dtype: np.dtype) -> None:
         self.tensors, self.dtype = tensors, dtype
-        self.where: dict[tuple[int, bytes], tuple[int, int]] = {}
+        self.where: dict[tuple[int, bytes], list[tuple[int, int]]] = {}
         for ti, t in enumerate(tensors):
             for r, row in enumerate(t.values.astype(dtype)):
-                self.where.setdefault((row.size, _digest(row)), (ti, r))
+                self.where.setdefault((row.size, _digest(row)), []).append((ti, r))
 
     def match(self, columns: np.ndarray) -> list[tuple[int, int]] | None:
-        """Per column of ``columns`` [N, K] (a weight's output features), its (tensor, row), or None when any
+        """Per column of ``columns`` [N, K] (a weight's output features), its (tensor, row), all of one block
+        type, from one tensor wherever a column's values occur in several (zero rows, say); None when any
         column is not a kept GGUF row, bit for bit in the graph's type."""
         found = []
         for col in columns:
-            hit = self.where.get((col.size, _digest(col)))
-            if hit is None or not np.array_equal(self.tensors[hit[0]].values[hit[1]].astype(self.dtype), col):
+            hits = [h for h in self.where.get((col.size, _digest(col)), [])
+                    if np.array_equal(self.tensors[h[0]].values[h[1]].astype(self.dtype), col)]
+            if not hits:
                 return None
-            found.append(hit)
-        return found
+            found.append(hits)
+        votes: dict[int, int] = {}
+        for hits in found:
+            for t in {t for t, _ in hits}:
+                votes[t] = votes.get(t, 0) + 1
+        best = max(votes, key=lambda t: (votes[t], -t))
+        kind = self.tensors[best].kind
+        chosen = []
+        for hits in found:
+            same = [h for h in hits if h[0] == best] or [h for h in hits if self.tensors[h[0]].kind == kind]
+            if not same:
+                return None  # rows of several block types in one weight: it stays float
+            chosen.append(same[0])
+        return chosen
 
 
 def _nibbles(raw: np.ndarray) -> np.ndarray:
@@ -195,7 +213,7 @@ def _blocks(rows: list[np.ndarray], kind: str) -> tuple[int, np.ndarray, np.ndar
         return 4, _nibbles(raw[..., 2:]), _half(raw, 0), None
     d, m = _half(raw, 0), _half(raw, 2)
     offset = m + 8 * d
-    if not np.array_equal(offset - 8 * d, m):  # fp16 operands: holds unless their exponents are ~13 apart
+    if not np.array_equal(offset.astype(np.float64), m.astype(np.float64) + 8 * d.astype(np.float64)):
         raise ConfigError("a Q4_1 minimum is not exact as m + 8d in fp32; this GGUF cannot be kept as it is")
     return 4, _nibbles(raw[..., 4:]), d, offset
 
@@ -220,9 +238,10 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     indexes: dict[np.dtype, _RowIndex] = {}
     if not tensors:
         raise ConfigError(f"{gguf_path.name} has no Q4_0, Q4_1 or Q8_0 weights to keep; export it with --quantize "
-                          "int4/int8 or as float")
+                          "int4/int8")
     inits = {i.name: i for i in g.initializer}
-    block_sums: dict[str, str] = {}  # input → its block sums (Q4_1 term), computed once per input
+    terms = BlockTerms(g, BLOCK)
+    written: set[str] = set()  # weights already converted (two MatMuls may read one initializer)
     nodes, kept, floats, types = [], {}, [], {}
     for node in g.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -238,39 +257,22 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
             floats.append(node.name)
             nodes.append(node)
             continue
-        kinds = {index.tensors[t].kind for t, _ in hits}
-        if len(kinds) > 1:  # rows of several block types in one weight: left float
-            floats.append(node.name)
-            nodes.append(node)
-            continue
-        (kind,) = kinds
+        kind = index.tensors[hits[0][0]].kind
         bits, data, scales, offset = _blocks([index.tensors[t].raw[r] for t, r in hits], kind)
         k, n = weight.shape
         dtype = weight.dtype
         base = w.name
         data_name, scale_name = f"{base}_Q{bits}", f"{base}_scales"
-        g.initializer.extend([numpy_helper.from_array(data, data_name),
-                              numpy_helper.from_array(scales.astype(dtype).reshape(-1), scale_name)])
+        if base not in written:
+            g.initializer.extend([numpy_helper.from_array(data, data_name),
+                                  numpy_helper.from_array(scales.astype(dtype).reshape(-1), scale_name)])
+            written.add(base)
         out_name = node.output[0] if offset is None else f"{node.output[0]}.blocks"
         nodes.append(helper.make_node("MatMulNBits", [node.input[0], data_name, scale_name], [out_name],
                                       name=f"{node.name}_Q{bits}", domain="com.microsoft", K=k, N=n, bits=bits,
                                       block_size=BLOCK, accuracy_level=accuracy_level))
         if offset is not None:
-            a = node.input[0]
-            if a not in block_sums:
-                ind = f"gguf.block_sum.{k}.{np.dtype(dtype).name}"
-                if ind not in inits:
-                    eye = np.repeat(np.eye(k // BLOCK, dtype=dtype), BLOCK, axis=0)  # [K, K/32]
-                    inits[ind] = numpy_helper.from_array(eye, ind)
-                    g.initializer.append(inits[ind])
-                block_sums[a] = f"{a}.gguf_block_sums"
-                nodes.append(helper.make_node("MatMul", [a, ind], [block_sums[a]], name=f"{a}.gguf_block_sums"))
-            term = f"{base}_minimum"
-            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(offset.T.astype(dtype)), term))
-            nodes.append(helper.make_node("MatMul", [block_sums[a], term], [f"{node.output[0]}.minimum"],
-                                          name=f"{node.name}_minimum"))
-            nodes.append(helper.make_node("Add", [out_name, f"{node.output[0]}.minimum"], [node.output[0]],
-                                          name=f"{node.name}_Q4_1"))
+            terms.add(nodes, node.input[0], offset, k, dtype, base, out_name, node.output[0])
         kept[node.name] = kind
         types[kind] = types.get(kind, 0) + 1
     if not kept:
@@ -278,10 +280,13 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
                           "was the graph exported from this GGUF?")
     del g.node[:]
     g.node.extend(nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     # The Q8_0 tied head's lookup reads the head's own blocks; no other table is re-quantized.
     shared = {t: w for t, w in tied.items() if f"{w}_Q8" in {i.name for i in g.initializer}}
     tables = quantize_lookups(model, BLOCK, shared, only=set(shared)) if shared else []
-    _drop_dead(model)
+    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        _drop_dead(model)  # (a subgraph may read what looks unread)
     large = model.ByteSize() > 1_800_000_000
     onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
     bits = min(KEPT[k] for k in types)

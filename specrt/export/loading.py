@@ -45,8 +45,13 @@ def load_causal_lm(source: str, dtype: str):
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
+    from .gguf import find_gguf
+
+    gguf = find_gguf(source) if Path(source).expanduser().exists() else None
+    where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \
+        {"pretrained_model_name_or_path": source}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, _DTYPES[dtype]),
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=getattr(torch, _DTYPES[dtype]),
                                                      attn_implementation="eager")
     except ValueError as e:
         # transformers raises ValueError for configs with no causal-LM head (e.g. BERT, T5 encoders).

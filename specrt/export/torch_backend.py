@@ -189,7 +189,8 @@ class TorchDecoder:
         from .architectures import DecoderWrapper, adapter_for
         from .loading import load_causal_lm
 
-        if not (Path(entry.source) / "config.json").is_file():
+        source = Path(entry.source)
+        if not ((source / "config.json").is_file() or (source.suffix == ".gguf" and source.is_file())):
             raise BundleError(f"the torch backend runs the checkpoint the bundle was exported from, and "
                               f"{entry.source} is not there")
         if threads:

@@ -66,6 +66,7 @@ def test_the_blocks_compute_what_the_dequantized_weights_do(kind, tmp_path):
     np.testing.assert_allclose(got, a.astype(np.float64) @ weight.astype(np.float64), rtol=1e-5, atol=1e-5)
     model = onnx.load(str(tmp_path / "kept.onnx"))
     assert {n.op_type for n in model.graph.node} == ({"MatMulNBits"} if kind != "Q4_1" else {"MatMulNBits", "MatMul", "Add"})
+    assert len(model.graph.initializer) == len({i.name for i in model.graph.initializer})
     if kind == "Q8_0":
         data = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w_Q8"))
         raw = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q8_0).reshape(48, 2, 34)[rows]
@@ -126,6 +127,9 @@ def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
     gen = specrt.load(tmp_path / "b", threads=1)
     want = gen.generate("def fib(n):", max_new_tokens=12, method="none").token_ids
     assert len(want) == 12 and gen.generate("def fib(n):", max_new_tokens=12, method="ngram").token_ids == want
+    # --backend torch runs the checkpoint the bundle names: the GGUF, dequantized by transformers again
+    torch_gen = specrt.load(tmp_path / "b", backend="torch", threads=1)
+    assert len(torch_gen.generate("def fib(n):", max_new_tokens=4, method="none").token_ids) == 4
 
 
 def test_an_fp16_bundle_keeps_the_blocks_too(tiny_gguf, tmp_path):
@@ -203,3 +207,24 @@ def test_a_head_trains_for_a_gguf_target(tmp_path):
     record = train_eagle(tiny_gguf, tmp_path / "head", cfg, prompts=["def fib(n):", "import os", "x = 1"])
     assert record["target"] == str(tiny_gguf) and not (tmp_path / "head" / ".train").exists()
     assert load_eagle3(tmp_path / "head")[0].hidden_size == 64
+
+
+def test_two_matmuls_reading_one_weight_share_its_blocks(tmp_path):
+    rng = np.random.default_rng(2)
+    value = rng.standard_normal((32, 64)).astype(np.float32)
+    _write_tensors(tmp_path / "w.gguf", {"blk.0.attn_q.weight": (value, "Q4_1")})
+    w = np.ascontiguousarray(_dequantized(value, "Q4_1").T)
+    nodes = [helper.make_node("MatMul", ["A", "w"], [f"Y{i}"], name=f"mm{i}") for i in range(2)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", 64])],
+                              [helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, ["M", 32]) for i in range(2)],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "f.onnx"))
+    G.keep_blocks(tmp_path / "f.onnx", tmp_path / "k.onnx", tmp_path / "w.gguf", 0)
+    model = onnx.load(str(tmp_path / "k.onnx"))
+    onnx.checker.check_model(model)
+    names = [i.name for i in model.graph.initializer]
+    assert len(names) == len(set(names)) == 4  # blocks, scales, block offsets, the indicator: once each
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    y0, y1 = ort.InferenceSession(str(tmp_path / "k.onnx"), providers=["CPUExecutionProvider"]).run(None, {"A": a})
+    np.testing.assert_allclose(y0, a @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y0, y1)

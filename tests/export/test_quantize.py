@@ -45,14 +45,17 @@ def test_every_matmul_with_weights_is_quantized_and_the_lookup_stays_float(int4_
 
 
 def test_hqq_fits_asymmetric_int4_blocks_at_accuracy_level_4(close_bundle, tmp_path):
-    """--algorithm hqq: ORT's HQQ quantizer (scales and zero points fitted per block), with the accuracy level
-    its own path leaves out set (else the CPU kernel runs fp32 arithmetic); same gate, same exactness."""
+    """--algorithm hqq: ORT's HQQ quantizer (scales and zero points fitted per block). Its float zero points
+    become the integer kernel plus a per-block float term, at the accuracy level its own path leaves out;
+    same gate, same exactness."""
     out = tmp_path / "hqq"
     m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=4, algorithm="hqq"))
     q = m.target.quantization
     assert q["algorithm"] == "hqq" and not q["symmetric"] and q["parity"]["mean_kl"] <= q["parity"]["max_mean_kl"]
-    nodes = [n for n in onnx.load(str(out / m.target.file)).graph.node if n.op_type == "MatMulNBits"]
-    assert nodes and all(len(n.input) == 4 for n in nodes)  # zero points
+    graph = onnx.load(str(out / m.target.file)).graph
+    nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert nodes and all(len(n.input) == 3 for n in nodes)  # no float zero points left
+    assert sum(n.name.endswith(".block_add") for n in graph.node) == len(nodes)
     assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in nodes)
     gen = specrt.load(out, threads=1)
     want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids
