@@ -2,6 +2,7 @@
 
     python benchmarks/side_by_side.py --bundle B[=METHODS] [--bundle ...] --gguf FILE [--gguf ...] \
         --llama-bin DIR --prompts P.json [--chat] [--max-new-tokens 64] [--rounds 3] [--threads 2] [--json OUT]
+        [--bench-args '--gamma 2']
 
 Each round runs every engine once, in turn (the order rotates by round): a bundle is one `specrt bench`
 process over all prompts (its methods, default `none`; its tokens/s counts prefill and decoding); a GGUF is
@@ -25,12 +26,13 @@ from pathlib import Path
 PERF = re.compile(r"(prompt eval|\beval) time =\s*([\d.]+) ms /\s*(\d+) (tokens|runs)")
 
 
-def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, threads: int) -> dict[str, float]:
+def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, threads: int,
+                 extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "specrt.cli", "bench", "--bundle", bundle, "--methods", methods, "--prompts",
                prompts, "--max-new-tokens", str(n), "--repeats", "1", "--threads", str(threads), "--json", str(out)]
-        subprocess.run(cmd + (["--chat"] if chat else []), check=True, capture_output=True)
+        subprocess.run(cmd + (["--chat"] if chat else []) + extra, check=True, capture_output=True)
         return {m: r["tokens_per_second"] for m, r in json.loads(out.read_text())["methods"].items()}
 
 
@@ -67,14 +69,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--bench-args", default="", help="more `specrt bench` options, e.g. '--gamma 2'")
     a = ap.parse_args()
     prompts = json.loads(Path(a.prompts).read_text())
     bundles = [b.split("=", 1) if "=" in b else (b, "none") for b in a.bundle]
     texts = prompt_texts(bundles[0][0], prompts, a.chat) if bundles else prompts
     engines = [(f"llama.cpp {Path(g).name}", lambda g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
                                                                       a.max_new_tokens, a.threads)) for g in a.gguf]
+    extra = a.bench_args.split()
     engines += [(f"specrt {Path(b).name}", lambda b=b, m=m: specrt_round(b, m, a.prompts, a.chat, a.max_new_tokens,
-                                                                          a.threads)) for b, m in bundles]
+                                                                          a.threads, extra)) for b, m in bundles]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in engines}
     for r in range(a.rounds):
         for name, run in engines[r % len(engines):] + engines[:r % len(engines)]:
@@ -86,7 +90,8 @@ def main() -> None:
         print(f"{name:60s} {tps:7.1f} tokens/s  {tps / base:5.2f}x")
     if a.json:
         a.json.write_text(json.dumps({"prompts": a.prompts, "chat": a.chat, "max_new_tokens": a.max_new_tokens,
-                                      "rounds": a.rounds, "threads": a.threads, "tokens_per_second": rows,
+                                      "rounds": a.rounds, "threads": a.threads, "bench_args": a.bench_args,
+                                      "tokens_per_second": rows,
                                       "runs": runs}, indent=2) + "\n")
 
 
