@@ -59,8 +59,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
         sources = {"target": model, "draft": draft}
         for role, path in ggufs.items():
             sources[role] = _staged_gguf(path, work / f"{role}-hf", reporter)
-        keep = tuple((role, str(path)) for role, path in ggufs.items()
-                     if (quantize is None or quantize.bits_for(role) is None) and has_blocks(path))
+        keep = tuple((role, str(path)) for role, path in ggufs.items() if _keeps_blocks(quantize, role) and has_blocks(path))
         if quantize is None and not keep:  # float GGUFs (F32 / F16 / BF16), no --quantize: a float bundle
             manifest = export_bundle(sources["target"], sources["draft"], out, options, reporter)
         else:
@@ -76,6 +75,16 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _keeps_blocks(quantize: QuantizeOptions | None, role: str) -> bool:
+    """A GGUF role keeps its blocks unless given bits: --quantize for the target (and a draft that follows
+    it), --draft-quantize for the draft (none: float, dequantized)."""
+    if quantize is None:
+        return True
+    if role == "draft" and quantize.draft_bits != "same":
+        return False
+    return quantize.bits is None
 
 
 def _staged_gguf(path: Path, folder: Path, reporter: Reporter) -> str:

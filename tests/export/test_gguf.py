@@ -154,6 +154,12 @@ def test_a_gguf_target_and_draft_export_as_a_pair(tiny_gguf, tmp_path):
     gen = specrt.load(tmp_path / "b", threads=1)
     want = gen.generate("def fib(n):", max_new_tokens=10, method="none").token_ids
     assert gen.generate("def fib(n):", max_new_tokens=10, method="draft", gamma=3).token_ids == want
+    # --draft-quantize none: the draft dequantized, float; the target still keeps its blocks
+    from specrt.export.quantize import QuantizeOptions
+
+    opts = QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, gguf=(("target", str(tiny_gguf)),))
+    manifest = export_pipeline(str(tiny_gguf), str(draft), tmp_path / "c", ExportOptions(), opts)
+    assert manifest.draft.quantization is None and manifest.target.quantization["format"] == "gguf"
 
 
 def test_a_float_gguf_exports_float_and_quantize_re_quantizes(tiny_gguf, tmp_path):
