@@ -178,6 +178,16 @@ def versus_peer(data: dict) -> str:
                 "greedy = none"], rows)
 
 
+def side_by_side(data: dict) -> str:
+    """benchmarks/side_by_side.py: each engine in its own processes, medians over rounds, against the first."""
+    rows, base = [], None
+    for name, tps in data["tokens_per_second"].items():
+        base = base or tps
+        engine, method = name.split(" · ")
+        rows.append([engine, method, _f(tps, ".0f"), _x(tps / base)])
+    return _md(["engine, weights (own processes)", "method", "tokens/s", "vs the first row"], rows)
+
+
 table("demo-cpu", "demo-cpu.json")(headline)
 table("demo-cpu-full", "demo-cpu.json")(bench_table)
 table("demo-cpu-roofline", "demo-cpu.json")(roofline)
