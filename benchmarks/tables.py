@@ -205,6 +205,10 @@ table("smollm2-eagle3-qhead-t07-cpu", "smollm2-eagle3-qhead-t07-cpu.json")(bench
 table("demo-eagle3-cpu", "demo-eagle3-cpu.json")(bench_table)
 table("smollm2-self-draft-cpu", "smollm2-self-draft-cpu.json")(bench_table)
 table("smollm2-eagle3-int8-qhead-g2-cpu", "smollm2-eagle3-int8-qhead-g2-cpu.json")(bench_table)
+table("smollm2-eagle3-r2-cpu", "smollm2-eagle3-r2-cpu.json")(bench_table)
+table("smollm2-eagle3-r2-int8-cpu", "smollm2-eagle3-r2-int8-cpu.json")(bench_table)
+table("smollm2-eagle3-r2-t07-cpu", "smollm2-eagle3-r2-t07-cpu.json")(bench_table)
+table("smollm2-gguf-q41-eagle3-cpu", "smollm2-gguf-q41-eagle3-cpu.json")(bench_table)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
