@@ -8,7 +8,7 @@ Each round runs every engine once, in turn (the order rotates by round): a bundl
 process over all prompts (its methods, default `none`; its tokens/s counts prefill and decoding); a GGUF is
 one `llama-completion` process per prompt (greedy, the same thread count; its tokens/s is llama.cpp's own
 "prompt eval" + "eval" time over the tokens it produced, the load excluded as specrt's bench excludes
-session creation). Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
+session creation, and both warm up first). Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
 over rounds, and each engine's ratio to the first GGUF.
 """
 
@@ -40,7 +40,7 @@ def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int)
     tokens = ms = 0.0
     for text in texts:
         run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "-t", str(threads),
-                              "-no-cnv", "--no-warmup", "-s", "0"], capture_output=True, text=True, check=True)
+                              "-no-cnv", "-s", "0"], capture_output=True, text=True, check=True)
         perf = {m[0]: (float(m[1]), int(m[2])) for m in PERF.findall(run.stderr)}
         prompt_ms, decode = perf["prompt eval"][0], perf["eval"]
         tokens += decode[1] + 1  # the first new token comes from the prompt's pass

@@ -209,6 +209,7 @@ table("smollm2-eagle3-r2-cpu", "smollm2-eagle3-r2-cpu.json")(bench_table)
 table("smollm2-eagle3-r2-int8-cpu", "smollm2-eagle3-r2-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-r2-t07-cpu", "smollm2-eagle3-r2-t07-cpu.json")(bench_table)
 table("smollm2-gguf-q41-eagle3-cpu", "smollm2-gguf-q41-eagle3-cpu.json")(bench_table)
+table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
