@@ -91,9 +91,15 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
                             medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
+    from ..export.gguf import find_gguf
+
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
+    # A GGUF target keeps its blocks without --quantize; --draft-quantize none then still means a float draft.
+    gguf_target = find_gguf(model) if draft_quantize is None and not quantize else None
     qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                             embeddings=quantize_embeddings, algorithm=algorithm) if quantize or proposer_only else None)
+                             embeddings=quantize_embeddings, algorithm=algorithm,
+                             gguf=(("target", str(gguf_target)),) if gguf_target else ())
+             if quantize or proposer_only or gguf_target else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")

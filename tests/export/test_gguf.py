@@ -201,6 +201,10 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "-o", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "Q4_1+Q8_0 blocks of tiny.gguf kept" in result.output and "done:" in result.output
+    result = CliRunner().invoke(main, ["export", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-quantize", "none",
+                                       "-o", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "draft: float32 (not quantized)" in result.output and "target: Q4_1+Q8_0" in result.output
 
 
 def test_a_head_trains_for_a_gguf_target(tmp_path):
