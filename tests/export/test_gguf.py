@@ -127,9 +127,14 @@ def test_a_gguf_exports_with_its_blocks_kept(tiny_gguf, tmp_path):
     gen = specrt.load(tmp_path / "b", threads=1)
     want = gen.generate("def fib(n):", max_new_tokens=12, method="none").token_ids
     assert len(want) == 12 and gen.generate("def fib(n):", max_new_tokens=12, method="ngram").token_ids == want
-    # --backend torch runs the checkpoint the bundle names: the GGUF, dequantized by transformers again
-    torch_gen = specrt.load(tmp_path / "b", backend="torch", threads=1)
-    assert len(torch_gen.generate("def fib(n):", max_new_tokens=4, method="none").token_ids) == 4
+    # --backend torch runs the checkpoint the bundle names: the GGUF, dequantized by transformers again.
+    # (threads=1 sets torch's process-wide pool: put it back, later exports compare figures across processes)
+    threads = torch.get_num_threads()
+    try:
+        torch_gen = specrt.load(tmp_path / "b", backend="torch", threads=1)
+        assert len(torch_gen.generate("def fib(n):", max_new_tokens=4, method="none").token_ids) == 4
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_an_fp16_bundle_keeps_the_blocks_too(tiny_gguf, tmp_path):
