@@ -122,7 +122,6 @@ def _drop_added_past(folder: Path, vocab_size: int) -> None:
 class _Rows:
     """One GGUF tensor kept as blocks: per row its raw blocks [N, K/32, bytes] and dequantized values."""
 
-    name: str
     kind: str  # Q4_0 | Q4_1 | Q8_0
     raw: np.ndarray
     values: np.ndarray  # fp32 [N, K]
@@ -146,7 +145,7 @@ def _read(path: Path) -> list[_Rows]:
             raise ModelLoadError(f"{path}: tensor {t.name} ({kind}) has {raw.shape[-1]} bytes per row for "
                                  f"{k} values")
         values = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32).reshape(-1, k)
-        out.append(_Rows(t.name, kind, raw.reshape(len(values), k // BLOCK, _BYTES[kind]), values))
+        out.append(_Rows(kind, raw.reshape(len(values), k // BLOCK, _BYTES[kind]), values))
     return out
 
 
@@ -226,7 +225,7 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     from onnx import helper, numpy_helper
 
     from ..bundle import contract as C
-    from .quantize import _drop_dead, quantize_lookups, tied_heads, untie_lm_head
+    from .quantize import drop_dead, quantize_lookups, tied_heads, untie_lm_head
 
     model = onnx.load(str(path))
     if any(n.op_type == "MatMulNBits" for n in model.graph.node):
@@ -283,10 +282,10 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     # The Q8_0 tied head's lookup reads the head's own blocks; no other table is re-quantized.
-    shared = {t: w for t, w in tied.items() if f"{w}_Q8" in {i.name for i in g.initializer}}
+    names = {i.name for i in g.initializer}
+    shared = {t: w for t, w in tied.items() if f"{w}_Q8" in names}
     tables = quantize_lookups(model, BLOCK, shared, only=set(shared)) if shared else []
-    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
-        _drop_dead(model)  # (a subgraph may read what looks unread)
+    drop_dead(model)  # the float weights the blocks replaced
     large = model.ByteSize() > 1_800_000_000
     onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
     bits = min(KEPT[k] for k in types)

@@ -47,7 +47,7 @@ def load_causal_lm(source: str, dtype: str):
 
     from .gguf import find_gguf
 
-    gguf = find_gguf(source) if Path(source).expanduser().exists() else None
+    gguf = find_gguf(source)  # None for a folder or a hub id
     where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \
         {"pretrained_model_name_or_path": source}
     try:

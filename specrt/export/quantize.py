@@ -184,9 +184,8 @@ def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None,
     if done:
         del g.node[:]
         g.node.extend(nodes)
-    if done and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                        for n in g.node for a in n.attribute):  # a subgraph may read what looks unread
-        _drop_dead(model)
+    if done:
+        drop_dead(model)
     return done
 
 
@@ -219,9 +218,14 @@ def _shared_head(heads: dict, inits: dict, table, block_size: int, weight: str |
     return lookup
 
 
-def _drop_dead(model) -> None:
-    """Remove nodes whose outputs nothing reads (an untied head's old Transpose) and unread initializers."""
+def drop_dead(model) -> None:
+    """Remove nodes whose outputs nothing reads (an untied head's old Transpose) and unread initializers.
+    Not in a graph with subgraphs: what a subgraph reads looks unread from the outside."""
+    import onnx
+
     g = model.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        return
     wanted = {o.name for o in g.output}
     while True:
         read = wanted | {i for n in g.node for i in n.input}
@@ -398,11 +402,12 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 progress(f"{role}: checking int{bits} against the float graph")
             parity = distribution_parity(src, tmp, manifest, role, prompts)
             record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
-            if gguf is not None and (parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]):
+            drifts = parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]
+            if drifts and gguf is not None:
                 raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
                                   f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
                                   "conversion fault; export with --quantize int8 meanwhile")
-            if parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]:
+            if drifts:
                 raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                                   f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
                                   f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
