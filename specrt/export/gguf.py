@@ -47,6 +47,18 @@ def find_gguf(source: str | Path | None) -> Path | None:
     return None
 
 
+def _reader(path: Path):
+    """gguf's reader over ``path``; a file it cannot parse (truncated, not GGUF) is a one-line ModelLoadError."""
+    import struct
+
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as e:
+        raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
+
+
 def stage(path: Path, folder: Path) -> Path:
     """Write the GGUF at ``path`` as a Hugging Face folder (fp32 safetensors, tokenizer, chat template,
     generation config with its end ids) at ``folder``, through transformers' GGUF loading."""
@@ -58,6 +70,7 @@ def stage(path: Path, folder: Path) -> Path:
         GenerationConfig,
     )
 
+    _reader(path)  # a corrupt file fails here in one line, not deep inside transformers
     where, name = str(path.parent), path.name
     try:
         config = AutoConfig.from_pretrained(where, gguf_file=name)
@@ -86,12 +99,7 @@ def stage(path: Path, folder: Path) -> Path:
 
 def has_blocks(path: Path) -> bool:
     """Whether the GGUF holds any weight of a kept type (else it exports float, or as --quantize says)."""
-    import gguf
-
-    try:
-        return any(t.tensor_type.name in KEPT and len(t.shape) == 2 for t in gguf.GGUFReader(str(path)).tensors)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
+    return any(t.tensor_type.name in KEPT and len(t.shape) == 2 for t in _reader(path).tensors)
 
 
 def _drop_added_past(folder: Path, vocab_size: int) -> None:
@@ -130,12 +138,8 @@ class _Rows:
 def _read(path: Path) -> list[_Rows]:
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not read {path} as GGUF: {e}") from None
     out = []
-    for t in reader.tensors:
+    for t in _reader(path).tensors:
         kind = t.tensor_type.name
         if kind not in KEPT or len(t.shape) != 2:
             continue

@@ -191,11 +191,21 @@ def test_a_folder_holding_a_gguf_is_one_and_two_are_refused(tiny_gguf, tmp_path)
     assert G.find_gguf(str(folder)) is None  # a Hugging Face folder, whatever else it holds
 
 
-def test_a_broken_gguf_is_one_line(tmp_path):
+@pytest.mark.parametrize("size", [16, 20, 24])  # truncated inside the header, at its end, past it
+def test_a_broken_gguf_is_one_line(tmp_path, size):
     bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    bad.write_bytes(b"GGUF" + b"\0" * size)
     with pytest.raises(ModelLoadError, match="bad.gguf"):
         G.stage(bad, tmp_path / "out")
+    with pytest.raises(ModelLoadError, match="bad.gguf"):
+        G.has_blocks(bad)
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    result = CliRunner().invoke(main, ["export", str(bad), "-o", str(tmp_path / "b")])
+    assert result.exit_code != 0 and "bad.gguf" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "b").exists()
 
 
 def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
