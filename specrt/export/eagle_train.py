@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import (
     DTYPES,
-    Eagle3Config,
     Eagle3Head,
     draft_to_target_ids,
     save_eagle3,
@@ -46,7 +45,8 @@ from .eagle_data import (
     scored_rows,
     target_end_ids,
 )
-from .gguf import find_gguf, stage
+from .eagle_init import head_config, init_head, new_head, saved_copy
+from .gguf import find_gguf, stage_reused
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
@@ -251,65 +251,6 @@ def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torc
             "kl": sum(cfg.loss_decay ** s * v for s, v in enumerate(kl_steps))}
 
 
-# -------------------------------------------------------------------------------------- the head itself
-
-
-def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:
-    """A head as wide as the target (it reads the target's embedding table), with the target's attention
-    shape, MLP width, norm epsilon and rope base (default rope), and explicit taps for targets of < 7 layers."""
-    c = getattr(target_config, "text_config", None) or target_config
-    layers = c.num_hidden_layers
-    rope = getattr(c, "rope_parameters", None) or {}
-    theta = getattr(c, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
-    return Eagle3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                        intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
-                        draft_vocab_size=draft_vocab_size,
-                        num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-                        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
-                        max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048)),
-                        taps=None if layers >= 7 else tap_layers(layers))
-
-
-def _new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, train_cfg: EagleTrainConfig) -> Eagle3Head:
-    torch.manual_seed(train_cfg.seed)
-    head = Eagle3Head(cfg)
-    if train_cfg.init_from_target:
-        # the head's last step is the target's own: norm, then the target's output rows of the draft ids
-        with torch.no_grad():
-            head.lm_head.weight.copy_(model.get_output_embeddings().weight[targets].float())
-            norm = getattr(getattr(model, "model", None), "norm", None)
-            if norm is not None and getattr(norm, "weight", None) is not None:
-                head.norm.weight.copy_(norm.weight.float())
-    return head
-
-
-def _init_head(path: str, target_config: Any) -> tuple[Eagle3Config, Eagle3Head, torch.Tensor, torch.Tensor]:
-    """A warm start's head (specrt's or the published layout), checked against the target, in fp32."""
-    from ..errors import EagleHeadError
-    from .eagle import load_eagle3
-
-    try:
-        cfg, head, d2t, t2d = load_eagle3(path, target_config)
-    except EagleHeadError as e:
-        raise ConfigError(f"eagle train --init: {e}") from None
-    if head.embed_tokens is not None:
-        raise ConfigError(f"eagle train --init: {path} carries its own embedding table; specrt trains heads that "
-                          "read the target's")
-    layers = (getattr(target_config, "text_config", None) or target_config).num_hidden_layers
-    if tuple(cfg.tap_layers_for(layers)) != tuple(tap_layers(layers)):
-        raise ConfigError(f"eagle train --init: {path} reads layers {list(cfg.tap_layers_for(layers))}, "
-                          f"training feeds {list(tap_layers(layers))}")
-    return cfg, head.train(), d2t, t2d
-
-
-def _saved_copy(head: Eagle3Head, dtype: str) -> Eagle3Head:
-    """The head as ``save_eagle3`` will write it (weights rounded to ``dtype``), computing in fp32."""
-    copy = Eagle3Head(head.cfg)
-    copy.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in head.state_dict().items()})
-    return copy.eval()
-
-
 # ------------------------------------------------------------------------------------------ the record
 
 
@@ -362,7 +303,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise OutputPathError(f"{out} exists and is not a folder")
     gguf = find_gguf(source)
     if gguf is not None:  # a llama.cpp model: trained on as transformers dequantizes it, read once per run
-        source = _staged_target(gguf, out / WORK_DIR / "target", resume)
+        source = stage_reused(gguf, out / WORK_DIR / "target", reuse=resume)
     if not (source / "config.json").is_file():
         raise ModelLoadError(f"{source} is not a local Hugging Face model folder (no config.json); "
                              "eagle train reads the target from disk and never downloads")
@@ -380,7 +321,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
     docs = read_documents(data_files, cfg.data_format)
-    init = _init_head(cfg.init, target_config) if cfg.init else None
+    init = init_head(cfg.init, target_config) if cfg.init else None
     fingerprint = data_fingerprint(str(source), cfg, prompts, docs, None if init is None else init[2])
     work = out / WORK_DIR
     if not resume and work.exists():  # only specrt's own work folder: a fresh run starts from nothing
@@ -402,7 +343,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
         if init is None:
             head_cfg = head_config(target_config, len(d2t))
-            head = _new_head(head_cfg, model, targets, cfg)
+            head = new_head(head_cfg, model, targets, cfg.seed, from_target=cfg.init_from_target)
         else:
             head_cfg, head = init[:2]
         embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
@@ -448,7 +389,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             report("train", step + 1, cfg.steps, value)
 
         t0 = time.perf_counter()
-        saved = _saved_copy(head, cfg.dtype)
+        saved = saved_copy(head, cfg.dtype)
         heldout = evaluate(saved, embed, d2t, t2d, held, cfg, report)
         times["evaluate"] = time.perf_counter() - t0
     times["train"] = train_s
@@ -478,23 +419,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not cfg.keep_checkpoint:
         shutil.rmtree(work)
     return record
-
-
-def _staged_target(gguf: Path, folder: Path, resume: bool) -> Path:
-    """The GGUF target as a Hugging Face folder in the run's work folder: reused when resuming from the same
-    file (path, size, modification time), else written afresh (into a side folder, then renamed)."""
-    st = gguf.stat()
-    stamp = {"gguf": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    stamp_file = folder / "specrt-gguf.json"
-    if resume and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
-        return folder
-    side = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(side, ignore_errors=True)
-    stage(gguf, side)
-    (side / stamp_file.name).write_text(json.dumps(stamp))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(side, folder)
-    return folder
 
 
 def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict | None:

@@ -19,6 +19,9 @@ Other types (F32, F16, BF16, K-quants) arrive dequantized and stay float in the 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +100,23 @@ def stage(path: Path, folder: Path) -> Path:
     return folder
 
 
+def stage_reused(gguf: Path, folder: Path, *, reuse: bool) -> Path:
+    """:func:`stage` into ``folder``, or, with ``reuse``, the folder as a previous call left it when it came
+    from the same file (path, size, modification time); a fresh one is written beside and renamed in."""
+    st = gguf.stat()
+    stamp = {"gguf": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp_file = folder / "specrt-gguf.json"
+    if reuse and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return folder
+    side = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(side, ignore_errors=True)
+    stage(gguf, side)
+    (side / stamp_file.name).write_text(json.dumps(stamp))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(side, folder)
+    return folder
+
+
 def has_blocks(path: Path) -> bool:
     """Whether the GGUF holds any weight of a kept type (else it exports float, or as --quantize says)."""
     return any(t.tensor_type.name in KEPT and len(t.shape) == 2 for t in _reader(path).tensors)
@@ -106,8 +126,6 @@ def _drop_added_past(folder: Path, vocab_size: int) -> None:
     """transformers' GGUF tokenizer for a byte-level BPE file adds GPT-2's default ``<|endoftext|>`` as its
     unknown token when the vocabulary has none: an id past the model's logits. The saved tokenizer drops
     added tokens past ``vocab_size`` (and the unknown token, when it was one of them)."""
-    import json
-
     tok_file, cfg_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
     data = json.loads(tok_file.read_text())
     past = {t["content"] for t in data.get("added_tokens", []) if t["id"] >= vocab_size}
