@@ -41,7 +41,8 @@ from .options import (
 @click.option("--compare", "compare", multiple=True, metavar="PEERS",
               help="Also time peers on the same checkpoints, prompts and sampling settings, interleaved with "
                    "specrt's methods: hf (Hugging Face generate and assisted generation; needs torch), ortgenai "
-                   "(ONNX Runtime GenAI plain decoding; needs the [peers] extra). Comma-separated or repeated.")
+                   "(ONNX Runtime GenAI plain decoding; needs the [peers] extra), llamacpp (llama.cpp plain and "
+                   "prompt-lookup decoding on a GGUF; needs the [llamacpp] extra). Comma-separated or repeated.")
 @click.option("--hf-target", type=click.Path(file_okay=False),
               help="HF checkpoint of the target for --compare [default: the manifest's source].")
 @click.option("--hf-draft", type=click.Path(file_okay=False),
@@ -49,6 +50,8 @@ from .options import (
 @click.option("--peer-precision", type=click.Choice(["fp32", "int8", "int4"]),
               help="Precision ONNX Runtime GenAI's builder makes [default: the bundle's; fp16 bundles get fp32, "
                    "the builder has no fp16 for CPU].")
+@click.option("--peer-gguf", type=click.Path(dir_okay=False),
+              help="GGUF for --compare llamacpp [default: the bundle's source, when it was exported from one].")
 @click.option("--peer-cache", type=click.Path(file_okay=False),
               help="Where built ONNX Runtime GenAI models are kept [default: ~/.cache/specrt/peers].")
 @click.option("--roofline", is_flag=True,
@@ -66,8 +69,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
           tree_shape: str, eagle_tree: str,
           max_new_tokens: int, repeats: int, gamma: int | str, temperature: float, top_k: int, top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
-          hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_cache: str | None,
-          roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None) -> None:
+          hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_gguf: str | None,
+          peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the time split (draft /
@@ -90,6 +93,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
       specrt bench --bundle bundle --methods none,draft --roofline --energy
       specrt bench --bundle bundle --bandwidth 204.8          # Jetson AGX Orin's LPDDR5, from the datasheet
       specrt bench --bundle bundle-int4 --compare ortgenai,hf
+      specrt bench --bundle smollm2-q41 --chat --compare llamacpp      # a bundle exported from a GGUF
       specrt bench --bundle smollm2 --chat --prompts benchmarks/prompts/chat-heldout.json --methods none,eagle
     """
     from rich.console import Console
@@ -122,7 +126,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
     with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
         peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
-                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"))
+                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"),
+                           peer_gguf=peer_gguf)
         provider = gen.decoders["target"].provider
         bw = given or (roofline_bandwidth(provider, notes, status.update) if roofline else None)
         meter = energy_meter(notes) if energy else None

@@ -207,7 +207,17 @@ def _peer_row(peer: Peer, reps: list[PeerRun], prompts: list[str], prompt_ids: l
            "over_peer": {m: r["tokens_per_second"] / tps for m, r in ours.items()}}
     if none_tokens is not None:
         row["greedy_matches_none"] = _share(a == b for a, b in zip(reps[0].token_ids, none_tokens))
+        # A near-tie flips one token and everything after it: how far the outputs agree says more than "equal"
+        row["greedy_common_prefix"] = statistics.mean(_common(a, b) / max(1, len(b))
+                                                      for a, b in zip(reps[0].token_ids, none_tokens))
     return row
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _share(flags) -> float:
@@ -293,14 +303,16 @@ def _energy(joules: float, tokens: int) -> dict:
 
 def make_peers(gen: SpeculativeGenerator, kinds: Sequence[str], hf_target: str | None = None,
                hf_draft: str | None = None, threads: int | None = None, peer_precision: str | None = None,
-               peer_cache: str | Path | None = None, on_progress: Callable[[str], None] | None = None) -> list[Peer]:
-    """The peers of the registered ``kinds`` (``measure.peers.peer_kinds()``: "hf", "ortgenai") on the bundle's
-    source checkpoints (or ``hf_target`` / ``hf_draft``); a kind that builds its own model (ONNX Runtime
-    GenAI) builds it at the bundle's precision, or ``peer_precision``."""
+               peer_cache: str | Path | None = None, on_progress: Callable[[str], None] | None = None,
+               peer_gguf: str | Path | None = None) -> list[Peer]:
+    """The peers of the registered ``kinds`` (``measure.peers.peer_kinds()``: "hf", "llamacpp", "ortgenai") on
+    the bundle's source checkpoints (or ``hf_target`` / ``hf_draft``, and ``peer_gguf`` for llama.cpp); a kind
+    that builds its own model (ONNX Runtime GenAI) builds it at the bundle's precision, or ``peer_precision``."""
     from .peers import PeerRequest, create_peers
 
     m = gen.manifest
     draft = hf_draft or (m.draft.source if m.draft else None)
     return create_peers(kinds, PeerRequest(Path(hf_target or m.target.source), Path(draft) if draft else None,
                                            m.target, threads, peer_precision,
-                                           Path(peer_cache) if peer_cache else None, on_progress))
+                                           Path(peer_cache) if peer_cache else None, on_progress,
+                                           Path(peer_gguf) if peer_gguf else None))

@@ -137,12 +137,14 @@ def print_peers(result: dict, console) -> None:
     pc = result["config"]["peers"]
     methods = list(result["methods"])
     t = Table(title="peers · same checkpoints, prompt ids, sampling", title_justify="left")
-    for col in ("peer", "tokens/s", *(f"{m}/peer" for m in methods), "prompt ids = specrt's", "greedy = none"):
+    for col in ("peer", "tokens/s", *(f"{m}/peer" for m in methods), "prompt ids = specrt's", "greedy = none",
+                "tokens agreeing"):
         t.add_column(col, justify="right")
     for name, row in result["peers"].items():
-        same = row.get("greedy_matches_none")
+        same, prefix = row.get("greedy_matches_none"), row.get("greedy_common_prefix")
         t.add_row(name, f"{row['tokens_per_second']:.1f}", *(f"{row['over_peer'][m]:.2f}x" for m in methods),
-                  f"{row['prompt_ids_equal']:.0%}", "-" if same is None else f"{same:.0%}")
+                  f"{row['prompt_ids_equal']:.0%}", "-" if same is None else f"{same:.0%}",
+                  "-" if prefix is None else f"{prefix:.0%}")
     console.print(t)
     lines = [f"{name}: {row['description']}" + (f" · {row['note']}" if row.get("note") else "")
              + ((f" · from the cache (built in {row['build_seconds']:.0f} s)" if row["cached"]
@@ -154,6 +156,9 @@ def print_peers(result: dict, console) -> None:
                  + (f", seed {seeds[0]}" + (f"..{seeds[-1]} (one per repeat)" if len(seeds) > 1 else "")
                     if pc["sampling"]["temperature"] else "")
                  + f", from specrt's prompt ids; {pc['counting']}")
+    if any(row.get("greedy_common_prefix") is not None for row in result["peers"].values()):
+        lines.append("greedy = none: prompts whose tokens all equal specrt none's; tokens agreeing: the mean share "
+                     "of each prompt's tokens before the first difference")
     if any(row["prompt_ids_equal"] < 1 for row in result["peers"].values()):
         lines.append("a peer's own tokenizer gives other prompt ids than specrt's for some prompts (column above)")
     console.print("\n".join(lines))

@@ -47,8 +47,9 @@ def registry(monkeypatch):
 
 
 def test_the_shipped_peers_are_registered():
-    assert peer_kinds() == ("hf", "ortgenai")
+    assert peer_kinds() == ("hf", "llamacpp", "ortgenai")
     assert peers._PEERS["ortgenai"].precision and not peers._PEERS["hf"].precision
+    assert not peers._PEERS["llamacpp"].precision  # it runs the GGUF as it is
 
 
 def test_a_registered_peer_is_parsed_and_built_with_the_bundle_and_flags(registry, gen, tmp_path):
@@ -68,7 +69,7 @@ def test_a_registered_peer_is_parsed_and_built_with_the_bundle_and_flags(registr
 
 def test_unknown_peers_and_misplaced_precision_name_the_registered_kinds(registry, gen):
     register_peer("fake")(lambda request: [])
-    with pytest.raises(ConfigError, match="unknown peer 'nope' for --compare; choose from hf, ortgenai, fake"):
+    with pytest.raises(ConfigError, match="unknown peer 'nope' for --compare; choose from hf, llamacpp, ortgenai, fake"):
         parse_kinds(["nope"])
     with pytest.raises(ConfigError, match="unknown peer 'nope'"):
         make_peers(gen, ["nope"])

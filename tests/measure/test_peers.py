@@ -203,7 +203,7 @@ def test_compare_cli(llama_bundle, peer_cache, ortgenai, tmp_path):
 def test_compare_cli_errors(llama_bundle, tmp_path, monkeypatch):
     base = ["bench", "--bundle", str(llama_bundle), "--methods", "none", "--max-new-tokens", "4", "--repeats", "1"]
     res = CliRunner().invoke(main, base + ["--compare", "hf,foo"])
-    assert res.exit_code == 1 and "unknown peer 'foo'" in res.output and "hf, ortgenai" in res.output
+    assert res.exit_code == 1 and "unknown peer 'foo'" in res.output and "hf, llamacpp, ortgenai" in res.output
     res = CliRunner().invoke(main, base + ["--compare", "ortgenai", "--peer-precision", "fp16"])
     assert res.exit_code == 2 and "'fp16' is not one of" in res.output
     res = CliRunner().invoke(main, base + ["--compare", "hf", "--peer-precision", "int4"])

@@ -6,7 +6,8 @@ check it against specrt's) and ``generate(prompt_ids, max_new_tokens, sampling, 
 
 Peer kinds register themselves (:func:`register_peer`, as runtime backends do): a factory turns one
 :class:`PeerRequest` into the kind's peers. Each kind's module imports its framework lazily, so
-registering costs nothing: ``hf`` (torch + transformers), ``ortgenai`` (onnxruntime-genai).
+registering costs nothing: ``hf`` (torch + transformers), ``ortgenai`` (onnxruntime-genai), ``llamacpp``
+(llama-cpp-python).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class PeerRequest:
     precision: str | None = None  # --peer-precision, for kinds registered with precision=True
     cache_dir: Path | None = None  # --peer-cache: where a kind keeps what it builds [default: its own]
     on_progress: Callable[[str], None] | None = None  # one line at a time while a kind builds
+    gguf: Path | None = None  # --peer-gguf: the llama.cpp model file [default: the target's source, if a GGUF]
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ def missing_checkpoint(checkpoint: Path, flag: str) -> str:
             f"(pass {flag})")
 
 
-# Importing a peer module registers its kind (neither imports its framework until a peer is built).
+# Importing a peer module registers its kind (none imports its framework until a peer is built).
 from . import hf as _hf  # noqa: E402,F401
+from . import llamacpp as _llamacpp  # noqa: E402,F401
 from . import ortgenai as _ortgenai  # noqa: E402,F401
