@@ -320,3 +320,25 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
                                                   if "Q4_1" in types else "")},
             **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": tables} if tables else {}),
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m specrt.export.gguf GGUF FOLDER``: :func:`stage_reused` in a child process, for a caller that
+    keeps torch out of its own (bench's ONNX Runtime GenAI peer builds from a Hugging Face folder)."""
+    import sys
+
+    if len(argv) != 2:
+        print("usage: python -m specrt.export.gguf MODEL.gguf FOLDER", file=sys.stderr)
+        return 2
+    try:
+        stage_reused(Path(argv[0]), Path(argv[1]), reuse=True)
+    except ModelLoadError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

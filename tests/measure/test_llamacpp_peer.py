@@ -143,3 +143,27 @@ def test_without_a_gguf_or_with_a_broken_one_it_is_one_line(llama_bundle, f32_gg
     gen = specrt.load(llama_bundle, threads=1)
     with pytest.raises(ConfigError, match="needs a GGUF"):
         make_peers(gen, ["llamacpp"])
+
+
+def test_one_run_compares_llamacpp_and_ortgenai_on_a_gguf_bundle(gguf_bundle, f32_gguf, tmp_path):
+    """ONNX Runtime GenAI's builder reads Hugging Face folders: the GGUF is read into one (a child process,
+    cached beside its builds), so `--compare llamacpp,ortgenai` needs nothing but the GGUF bundle."""
+    pytest.importorskip("onnxruntime_genai")
+    from specrt.measure.peers.ortgenai import hf_folder
+
+    out = tmp_path / "b.json"
+    args = ["bench", "--bundle", str(gguf_bundle), "--methods", "none", "--compare", "llamacpp,ortgenai",
+            "--peer-cache", str(tmp_path / "cache"), "--max-new-tokens", "12", "--repeats", "1", "--threads", "1",
+            "--json", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["peers"]
+    assert set(rows) == {"llamacpp", "llamacpp-lookup", "ortgenai"}
+    assert rows["ortgenai"]["precision"] == "fp32" and rows["ortgenai"]["greedy_matches_none"] == 1.0
+    assert rows["llamacpp"]["greedy_matches_none"] == 1.0
+    staged = hf_folder(f32_gguf, tmp_path / "cache")  # the second time: the folder is reused as it is
+    assert (staged / "config.json").is_file() and staged.parent == tmp_path / "cache"
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(f32_gguf.read_bytes()[:5000])
+    with pytest.raises(ModelLoadError, match="needs a Hugging Face folder; reading .* failed: could not read"):
+        hf_folder(broken, tmp_path / "cache")

@@ -207,11 +207,33 @@ class OrtGenaiPeer:
         return PeerRun(outs, seconds)
 
 
+def hf_folder(checkpoint: Path, cache_dir: Path, on_progress: Callable[[str], None] | None = None) -> Path:
+    """``checkpoint`` as the Hugging Face folder the builder reads: a GGUF (the source of a bundle exported from
+    one) is dequantized by transformers into ``cache_dir`` once, in a child process (torch stays out of the
+    bench's), and reused while the file is unchanged. The builder then quantizes those weights its own way."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.suffix.lower() != ".gguf" or not checkpoint.is_file():
+        return checkpoint
+    where = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:12]
+    folder = Path(cache_dir) / f"{checkpoint.stem}-{where}-hf"
+    if on_progress:
+        on_progress(f"reading {checkpoint.name} into a Hugging Face folder")
+    proc = subprocess.run([sys.executable, "-m", "specrt.export.gguf", str(checkpoint), str(folder)],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise ModelLoadError(f"ONNX Runtime GenAI's builder needs a Hugging Face folder; reading {checkpoint} into "
+                             f"one failed: {lines[-1] if lines else f'exit {proc.returncode}'}")
+    return folder
+
+
 def ortgenai_peer(checkpoint: Path, entry: ModelEntry, cache_dir: Path, precision: str | None = None,
                   threads: int | None = None, on_progress: Callable[[str], None] | None = None) -> OrtGenaiPeer:
-    """The peer for a bundle's target ``entry``: built (or found in ``cache_dir``) from ``checkpoint``."""
+    """The peer for a bundle's target ``entry``: built (or found in ``cache_dir``) from ``checkpoint`` (a
+    Hugging Face folder, or a GGUF: :func:`hf_folder`)."""
     og = _og()
     spec = matching_spec(entry, precision)
+    checkpoint = hf_folder(checkpoint, cache_dir, on_progress)
     built = build_model(checkpoint, spec, cache_dir, on_progress)
     details = {"precision": spec.precision, "bundle_precision": bundle_precision(entry), "note": spec.note,
                "extra_options": spec.extra_options(), "model_dir": str(built.path), "cached": built.cached,
