@@ -54,8 +54,9 @@ from .options import (
 @force_option
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
-           eagle: str | None, quantize: int | None, block_size: int, draft_quantize: int | str | None,
-           eagle_quantize: int | str | None, algorithm: str, quantize_embeddings: bool, force: bool) -> None:
+           eagle: str | None, quantize: int | None, block_size: int, head_block_size: int | None,
+           draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str,
+           quantize_embeddings: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
@@ -97,7 +98,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     # A GGUF target keeps its blocks without --quantize; --draft-quantize none then still means a float draft.
     gguf_target = find_gguf(model) if draft_quantize is None and not quantize else None
     qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                             embeddings=quantize_embeddings, algorithm=algorithm,
+                             embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
                              gguf=(("target", str(gguf_target)),) if gguf_target else ())
              if quantize or proposer_only or gguf_target else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
@@ -112,8 +113,9 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
               callback=parse_bits, help="The target's bits; none keeps it float (then quantize a proposer).")
 @quantize_layout_options()
 @force_option
-def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_quantize: int | str | None,
-             eagle_quantize: int | str | None, algorithm: str, quantize_embeddings: bool, force: bool) -> None:
+def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_block_size: int | None,
+             draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str,
+             quantize_embeddings: bool, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
@@ -130,7 +132,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, draft_
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 
     options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                              embeddings=quantize_embeddings, algorithm=algorithm)
+                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size)
     manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output}")

@@ -58,14 +58,18 @@ class QuantizeOptions:
     # int4 weights: "rtn" (symmetric round-to-nearest) or "hqq" (ORT's half-quadratic quantizer: asymmetric,
     # scales and zero points fitted per block). int8 weights are always RTN.
     algorithm: str = "rtn"
+    # The LM head's blocks (and the int8 lookups', which share a tied head's bytes) when not ``block_size``:
+    # a small head block with larger ones elsewhere keeps the logits close for fewer scale bytes.
+    head_block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.bits not in (None, *BITS):
             raise ConfigError(f"--quantize must be int4 or int8, got {self.bits} bits")
-        if self.block_size not in BLOCK_SIZES:
-            raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
+        for size in (self.block_size, self.head_block_size or self.block_size):
+            if size not in BLOCK_SIZES:
+                raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {size}")
         for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits)):
             if value not in ("same", None, *BITS):
                 raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
@@ -239,10 +243,21 @@ def drop_dead(model) -> None:
         g.initializer.remove(init)
 
 
+def head_matmuls(model) -> list[str]:
+    """The LM head's MatMul nodes: constant weight [H, V] with V the rows of the table the graph looks tokens
+    up in (tied or not). A head over a reduced vocabulary (EAGLE-3's) has none."""
+    inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    vocab = {inits[n.input[0]][0] for n in model.graph.node
+             if n.op_type == "Gather" and n.input[0] in inits and n.input[1] == C.INPUT_IDS}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and len(inits[n.input[1]]) == 2 and inits[n.input[1]][1] in vocab]
+
+
 def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int,
-                   lookups: bool = False, algorithm: str = "rtn") -> dict:
+                   lookups: bool = False, algorithm: str = "rtn", head_block_size: int | None = None) -> dict:
     """Quantize every constant-weight MatMul of ``path`` into ``out`` (``lookups``: the embedding lookups too,
-    at int8; ``algorithm``: "rtn" or, for int4, "hqq"); what was done, as a record."""
+    at int8; ``algorithm``: "rtn" or, for int4, "hqq"; ``head_block_size``: the LM head's and the lookups'
+    blocks, when not ``block_size``); what was done, as a record."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         HQQWeightOnlyQuantConfig,
@@ -264,11 +279,18 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     tied = tied_heads(model) if lookups else {}
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=not hqq,
-                                     accuracy_level=accuracy_level,
-                                     algo_config=HQQWeightOnlyQuantConfig(block_size=block_size, bits=4) if hqq else None)
-    quantizer.process()
-    qmodel = quantizer.model.model
+    heads = head_matmuls(model) if head_block_size not in (None, block_size) else []
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in heads]
+    # The LM head at its own block size first (it and the lookup sharing its bytes decide the logits most
+    # directly), then every other MatMul (the quantizer's nodes_to_include adds to its op types, it does not
+    # restrict them: exclusion does).
+    for size, exclude in ([(head_block_size, others)] if heads else []) + [(block_size, heads)]:
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=size, is_symmetric=not hqq,
+                                         accuracy_level=accuracy_level, nodes_to_exclude=exclude or None,
+                                         algo_config=HQQWeightOnlyQuantConfig(block_size=size, bits=4) if hqq else None)
+        quantizer.process()
+        model = quantizer.model.model
+    qmodel = model
     if hqq:
         # ORT's HQQ path writes float zero points (a CPU kernel 20-40x slower than the integer one) and no
         # accuracy level (fp32 arithmetic): the integer kernel plus a per-block float term, at the level asked.
@@ -278,11 +300,13 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
         for node in qmodel.graph.node:
             if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
                 node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
-    tables = quantize_lookups(qmodel, block_size, tied) if lookups else []
+    head_size = head_block_size if heads else block_size
+    tables = quantize_lookups(qmodel, head_size, tied) if lookups else []
     after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
     large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
     onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
-    return {"bits": bits, "block_size": block_size, "accuracy_level": accuracy_level, "symmetric": not hqq,
+    return {"bits": bits, "block_size": block_size, **({"head_block_size": head_size} if heads else {}),
+            "accuracy_level": accuracy_level, "symmetric": not hqq,
             "algorithm": "hqq" if hqq else "rtn", "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
             **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": sorted(set(tables) & set(tied))}
                if tables else {}),
@@ -366,9 +390,10 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         if entry.quantization:
             raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
                               "quantize the float bundle it came from")
-        if options.bits_for(role) is not None and entry.dims.hidden_size % options.block_size:
-            raise ConfigError(f"block size {options.block_size} does not divide the {role}'s hidden size "
-                              f"{entry.dims.hidden_size}")
+        for size in {options.block_size, options.head_block_size or options.block_size}:
+            if options.bits_for(role) is not None and entry.dims.hidden_size % size:
+                raise ConfigError(f"block size {size} does not divide the {role}'s hidden size "
+                                  f"{entry.dims.hidden_size}")
     prompts = prompts if prompts is not None else builtin_prompts("all")
     models = dict(manifest.models)
     with staged(out, options.force) as tmp:
@@ -381,7 +406,9 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 continue
             if progress:
                 progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
-                         f"{role}: int{bits}, blocks of {options.block_size}")
+                         f"{role}: int{bits}, blocks of {options.block_size}"
+                         + (f" (LM head and lookups: {options.head_block_size})"
+                            if options.head_block_size not in (None, options.block_size) else ""))
             data = tmp / (entry.file + ".data")
             data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
             if gguf is not None:
@@ -392,7 +419,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             else:
                 record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
                                         options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3",
-                                        algorithm=options.algorithm)
+                                        algorithm=options.algorithm, head_block_size=options.head_block_size)
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.

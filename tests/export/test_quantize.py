@@ -259,3 +259,28 @@ def test_a_tied_table_is_stored_once_and_the_lookup_reads_the_lm_head_s_int8_row
     rows = ((data - 128) * scales.reshape(vocab, -1, 1)).reshape(vocab, hidden)
     np.testing.assert_array_equal(emb[0], rows[ids[0]])
     assert np.abs(emb[0] - table[ids[0]]).max() < 0.05  # int8: close to the float rows
+
+
+def test_the_lm_head_and_lookups_can_take_their_own_block_size(close_bundle, tmp_path):
+    """--head-block-size: the LM head (and the int8 lookups) at 16, every other matmul at 32; gated as ever."""
+    out = tmp_path / "mixed"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=8, block_size=32, embeddings=True,
+                                                           head_block_size=16))
+    q = m.target.quantization
+    assert (q["block_size"], q["head_block_size"]) == (32, 16)
+    graph = onnx.load(str(out / m.target.file)).graph
+    sizes = {n.name: next(a.i for a in n.attribute if a.name == "block_size")
+             for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")}
+    inits = {i.name: list(i.dims) for i in graph.initializer}
+    vocab = m.target.dims.vocab_size
+    heads = [n.name for n in graph.node if n.op_type == "MatMulNBits" and inits[n.input[1]][0] == vocab]
+    assert heads and all(sizes[h] == 16 for h in heads)
+    others = [n.name for n in graph.node if n.op_type == "MatMulNBits" and n.name not in heads]
+    assert others and {sizes[o] for o in others} == {32}
+    assert all(sizes[n.name] == 16 for n in graph.node if n.op_type == "GatherBlockQuantized")
+    assert q["parity"]["mean_kl"] <= q["parity"]["max_mean_kl"]
+    gen = specrt.load(out, threads=1)
+    want = gen.generate(PROMPTS[0], max_new_tokens=12, method="none").token_ids
+    assert gen.generate(PROMPTS[0], max_new_tokens=12, method="draft").token_ids == want
+    with pytest.raises(ConfigError, match="block size must be one of"):
+        QuantizeOptions(bits=8, head_block_size=24)
