@@ -146,7 +146,9 @@ def roofline(data: dict) -> str:
 
 PEER_LABEL = {"hf_generate": "Hugging Face `generate` ({dtype})",
               "hf_assisted": "Hugging Face assisted generation ({dtype}, the same draft)",
-              "ortgenai": "ONNX Runtime GenAI (its own builder; {precision})"}
+              "ortgenai": "ONNX Runtime GenAI (its own builder; {precision})",
+              "llamacpp": "llama.cpp plain ({model})",
+              "llamacpp-lookup": "llama.cpp prompt lookup ({model}, {lookup_tokens} tokens)"}
 
 
 def peers(data: dict) -> str:
@@ -176,6 +178,23 @@ def versus_peer(data: dict) -> str:
     return _md(["method", "tokens/s", "vs specrt none",
                 f"vs ONNX Runtime GenAI {peer['precision']} plain ({peer['tokens_per_second']:.0f} tokens/s)",
                 "greedy = none"], rows)
+
+
+def one_run(data: dict) -> str:
+    """specrt's methods and every peer of `bench --compare` from one run: tokens/s, each against specrt none,
+    and how far each peer's greedy tokens agree with none's."""
+    none, prompts, rows = data["methods"]["none"]["tokens_per_second"], data["config"]["prompts"], []
+    for name, m in data["methods"].items():
+        label = f"specrt `{name}`" + (f" ({m['tokens_per_target_pass']:.2f} tokens per pass)" if name != "none" else "")
+        rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
+                     "all" if m.get("greedy_matches_none") else "NOT all", "–"])
+    for name, p in data["peers"].items():
+        label = PEER_LABEL.get(name, p.get("description", name)).format(**p)
+        rows.append([label, _f(p["tokens_per_second"], ".0f"), _x(p["tokens_per_second"] / none),
+                     f"{round(p['greedy_matches_none'] * prompts)} of {prompts}",
+                     _pct(p.get("greedy_common_prefix"))])
+    return _md(["engine and method (one process, interleaved)", "tokens/s", "vs specrt `none`",
+                "prompts with `none`'s greedy tokens", "tokens before the first difference"], rows)
 
 
 def side_by_side(data: dict) -> str:

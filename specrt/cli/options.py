@@ -64,9 +64,13 @@ def parse_bits(ctx: click.Context, param: click.Parameter, value: str | None) ->
 bundle_option = click.option(
     "--bundle", type=click.Path(file_okay=False),
     help="Bundle folder from `specrt export` [default: the demo bundle shipped with specrt].")
-gamma_option = click.option(
-    "--gamma", default="4", show_default=True, callback=parse_gamma,
-    help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c.")
+gamma_option = combine(
+    click.option("--gamma", default="4", show_default=True, callback=parse_gamma,
+                 help="Draft tokens per target pass (1-64), or 'auto' to pick it from measured alpha and c."),
+    click.option("--draft-stop", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+                 metavar="P",
+                 help="End a chain (eagle, draft) early where the drafter's own probability of its next token is "
+                      "below P: fewer drafts where it is unsure, still exact (0: always --gamma tokens)."))
 tree_option = combine(
     click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
                  help="Tree shape of the tree method: children per node at each depth."),

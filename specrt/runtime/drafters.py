@@ -53,12 +53,12 @@ class ModelDrafter:
     needs_draft_model: ClassVar[bool] = True
     proposes_trees: ClassVar[bool] = False
 
-    def __init__(self, model: CachedModel) -> None:
-        self.model = model
+    def __init__(self, model: CachedModel, stop: float = 0.0) -> None:
+        self.model, self.stop = model, stop
 
     @classmethod
     def build(cls, ctx: DrafterContext) -> "ModelDrafter":
-        return cls(ctx.model)
+        return cls(ctx.model, ctx.draft_stop)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         self.model.feed(tokens, sampling)
@@ -68,14 +68,16 @@ class ModelDrafter:
             return Proposal([], [])
         # The first pass also feeds what the draft has not seen (after a fully accepted chain: the
         # last drafted token and the bonus token), so catching up costs no extra pass.
-        q = self.model.feed(tokens[self.model.cache.length:], sampling)[0]
+        rows = self.model.feed(tokens[self.model.cache.length:], sampling)
         drafted, dists = [], []
         for i in range(gamma):
+            q = rows[0]
             drafted.append(q.sample(rng))
             dists.append(q)
-            if i + 1 < gamma:
-                q = self.model.feed(drafted[-1:], sampling)[0]
-        return Proposal(drafted, dists, passes=gamma)
+            if i + 1 == gamma or not rows.confident(0, self.stop):
+                break
+            rows = self.model.feed(drafted[-1:], sampling)
+        return Proposal(drafted, dists, passes=len(drafted))
 
     def rollback(self, valid: int) -> None:
         self.model.cache.truncate(min(self.model.cache.length, valid))

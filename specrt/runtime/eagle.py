@@ -42,15 +42,16 @@ class EagleDrafter:
     needs_eagle: ClassVar[bool] = True
     proposes_trees: ClassVar[bool] = False
 
-    def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int) -> None:
-        self.head, self.target, self.vocab_map, self.vocab = head, target, vocab_map, vocab
+    def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,
+                 stop: float = 0.0) -> None:
+        self.head, self.target, self.vocab_map, self.vocab, self.stop = head, target, vocab_map, vocab, stop
         self._width = head.decoder.entry.dims.hidden_size
         self._no_taps = np.zeros((1, head.decoder.entry.tap_width), np.float32)
         self._final = 0  # head rows computed from the target's taps
 
     @classmethod
     def build(cls, ctx: DrafterContext) -> "EagleDrafter":
-        return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab)
+        return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab, ctx.draft_stop)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
         pass  # the first proposal's catch-up runs the prompt's rows, once its next token is known
@@ -72,10 +73,12 @@ class EagleDrafter:
             q = to_target(rows[0], self.vocab_map, self.vocab)
             drafted.append(q.sample(rng))
             dists.append(q)
-            if i + 1 < gamma:  # a deeper row: the head's own output of the row before stands in for the taps
-                rows = self.head.feed(drafted[-1:], sampling, extra={
-                    C.EAGLE_TAPS: self._no_taps, C.EAGLE_FEATURES: self.head.hidden[-1:]})
-        return Proposal(drafted, dists, passes=gamma)
+            if i + 1 == gamma or not rows.confident(0, self.stop):
+                break
+            # a deeper row: the head's own output of the row before stands in for the taps
+            rows = self.head.feed(drafted[-1:], sampling, extra={
+                C.EAGLE_TAPS: self._no_taps, C.EAGLE_FEATURES: self.head.hidden[-1:]})
+        return Proposal(drafted, dists, passes=len(drafted))
 
     def rollback(self, valid: int) -> None:
         self.head.cache.truncate(min(self.head.cache.length, self._final))

@@ -210,7 +210,7 @@ class SpeculativeGenerator:
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
                                         acceptance=opts.acceptance, target=self._models["target"],
                                         eagle=self._models.get("eagle"), vocab_map=self._vocab_map,
-                                        eagle_tree=opts.eagle_tree))
+                                        eagle_tree=opts.eagle_tree, draft_stop=opts.draft_stop))
 
     def _load_eagle(self, method: str) -> None:
         """The EAGLE-3 head's session, cache and vocabulary map, made on first use."""

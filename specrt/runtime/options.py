@@ -25,7 +25,8 @@ class DecodeOptions:
     node, depth, nodes), "draft" (a chain of ``gamma`` draft-model tokens),
     "tree" (a draft-model token tree of shape ``tree``, children per depth), "medusa" (the bundle's Medusa
     heads and static tree), "ngram" (prompt lookup) or "none" (plain decoding). ``gamma``: drafted tokens
-    per target pass, or "auto" (adapted from the measured α and c). temperature 0 is greedy; top_k 0 and
+    per target pass, or "auto" (adapted from the measured α and c); ``draft_stop``: a chain ends early where
+    the drafter's probability of its next token is below it. temperature 0 is greedy; top_k 0 and
     top_p 1 are off. ``stop``: strings that end the generation. ``acceptance="typical"`` (Medusa only) is
     LOSSY: faster sampling whose output is not distributed as the target's."""
 
@@ -40,6 +41,9 @@ class DecodeOptions:
     tree: TreeShape = field(default_factory=TreeShape)
     acceptance: str = "exact"
     eagle_tree: DynamicTree = field(default_factory=DynamicTree)
+    # A chain (eagle, draft) stops early once the drafter's own softmax gives its next token less than this
+    # (0: never; Hugging Face's assistant_confidence_threshold). The length then depends on q alone: exact.
+    draft_stop: float = 0.0
 
     def __post_init__(self) -> None:
         # Accept the spellings callers have (a tree as "2,2,1,1" or widths, one stop string or a list) and
@@ -67,6 +71,9 @@ class DecodeOptions:
             raise ConfigError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {self.gamma!r}")
         if not all(isinstance(s, str) for s in stop):
             raise ConfigError(f"stop must be strings, got {self.stop!r}")
+        if isinstance(self.draft_stop, bool) or not isinstance(self.draft_stop, (int, float)) \
+                or not 0 <= self.draft_stop < 1:
+            raise ConfigError(f"draft_stop must be a probability in [0, 1), got {self.draft_stop!r}")
         if self.acceptance not in ACCEPTANCE:
             raise ConfigError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
         if self.acceptance == "typical" and self.method != "medusa":

@@ -25,6 +25,7 @@ class DrafterContext:
     eagle: CachedModel | None = None  # the EAGLE-3 head, loaded where the method needs it
     vocab_map: np.ndarray | None = None  # the head's draft ids -> target ids
     eagle_tree: DynamicTree = DynamicTree()  # the shape of the EAGLE-2 tree (method eagle-tree)
+    draft_stop: float = 0.0  # a chain ends where the drafter's softmax gives its next token less
 
 
 @dataclass(frozen=True)

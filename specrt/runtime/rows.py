@@ -137,6 +137,10 @@ class LogitRows:
         lse = peak + math.log(float(np.exp(row - peak, dtype=np.float64).sum()))
         return ids, row[ids].astype(np.float64) - lse
 
+    def confident(self, i: int, stop: float) -> bool:
+        """Whether row i's most likely id has plain-softmax probability >= ``stop`` (a chain's early stop)."""
+        return stop <= 0 or math.exp(float(self.top_logprobs(i, 1)[1][0])) >= stop
+
     def top(self, i: int, n: int) -> list[int]:
         """Row i's ``n`` highest logits (the plain ranking, whatever the sampling config), ties to the
         lower id."""

@@ -51,6 +51,7 @@ class ServeConfig:
     gamma: int | str = 4
     tree: str = "2,2,1,1"
     eagle_tree: str = "4,4,16"
+    draft_stop: float = 0.0
     max_queue: int = 16  # requests waiting for the generator, besides the one it runs
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
@@ -74,7 +75,8 @@ class ServeConfig:
     @property
     def options(self) -> DecodeOptions:
         """The decoding options every request shares; each request brings its own sampling, length and stops."""
-        return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree, eagle_tree=self.eagle_tree)
+        return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree, eagle_tree=self.eagle_tree,
+                             draft_stop=self.draft_stop)
 
 
 def model_id(gen: Any, config: ServeConfig) -> str:

@@ -270,3 +270,51 @@ def test_verify_chat_renders_each_prompt_in_the_template(chat_bundle):
     res = CliRunner().invoke(main, ["verify", "--bundle", str(chat_bundle), "--prompt-set", "chat", "--samples", "60",
                                     "--max-new-tokens", "8"])
     assert "PASS  greedy ngram == plain: 12/12" in res.output and "PASS  sampled ngram ~ target" in res.output, res.output
+
+
+def _stop_that_bites(gen, method: str, gamma: int) -> float:
+    """A draft_stop this pair's drafter crosses both ways: some chains end early, some run to gamma."""
+    for stop in 0.9 * 0.8 ** np.arange(40):  # down to 1e-4: a random tiny draft's top probability is ~1/vocab
+        stop = float(stop)
+        mean = gen.generate("def f(x):\n    return", max_new_tokens=30, method=method, gamma=gamma,
+                            draft_stop=stop).stats.mean_gamma
+        if 1.2 < mean < gamma - 0.2:
+            return stop
+    raise AssertionError(f"no threshold makes {method}'s chains vary")
+
+
+@pytest.mark.parametrize("method", ["eagle", "draft"])
+def test_a_chain_that_stops_where_the_drafter_is_unsure_stays_exact(eagle_gen, generator, method):
+    """draft_stop ends a chain where the drafter's own softmax of its next token is below it: fewer drafts and
+    draft passes; greedy output still equals plain decoding and sampled output the target's distribution."""
+    from support.exactness import PROMPTS, exact_sequence_distribution
+
+    gen = eagle_gen if method == "eagle" else generator
+    stop = _stop_that_bites(gen, method, 4)
+    for prompt in PROMPTS[:3]:
+        plain = gen.generate(prompt, max_new_tokens=30, method="none")
+        full = gen.generate(prompt, max_new_tokens=30, method=method, gamma=4)
+        cut = gen.generate(prompt, max_new_tokens=30, method=method, gamma=4, draft_stop=stop)
+        assert cut.token_ids == full.token_ids == plain.token_ids
+        assert cut.stats.draft_passes == cut.stats.drafted  # one pass per drafted token, none wasted
+        assert cut.stats.mean_gamma < full.stats.mean_gamma
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    prompt = "for i in range(10):\n    print(i"
+    exact = exact_sequence_distribution(gen, gen.encode(prompt), 3, cfg)
+    n, counts = 1500, {}
+    for seed in range(n):
+        out = gen.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method=method, gamma=2,
+                           draft_stop=stop)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
+    assert tv < np.sqrt(27 / n), tv  # E[TV] <= 0.5 * sqrt(27 / n) for 27 outcomes
+
+
+def test_draft_stop_is_a_probability():
+    from specrt.errors import ConfigError
+    from specrt.runtime.options import DecodeOptions
+
+    for bad in (-0.1, 1.0, True, "0.5"):
+        with pytest.raises(ConfigError, match="draft_stop must be a probability"):
+            DecodeOptions(draft_stop=bad)
