@@ -42,7 +42,7 @@ def time_rows(bundle: Path, threads: int | None, context: int, repeats: int) -> 
     ids = rng.integers(0, vocab, context + max(ROWS))
     target.forward(cache, ids[:context], np.arange(context), causal_mask(context, 0))
     cache.advance(context)
-    out = {}
+    out: dict[int, float] = {}
     for r in ROWS:
         new, pos, mask = ids[context:context + r], np.arange(context, context + r), causal_mask(r, context)
         target.forward(cache, new, pos, mask)  # warm-up: this shape's first run
@@ -52,12 +52,26 @@ def time_rows(bundle: Path, threads: int | None, context: int, repeats: int) -> 
             target.forward(cache, new, pos, mask)
             times.append(time.perf_counter() - t0)  # forward writes K/V past the length, never advances it
         out[r] = statistics.median(times) * 1e3
+    # The rows of the widest pass against the same rows fed one at a time: whether a kernel's numerics depend
+    # on how many rows it multiplies (greedy output can then differ between plain decoding and speculation).
+    r = max(ROWS)
+    wide = target.forward(cache, ids[context:context + r], np.arange(context, context + r),
+                          causal_mask(r, context)).logits.copy()
+    single = []
+    for j in range(r):
+        single.append(target.forward(cache, ids[context + j:context + j + 1], np.arange(context + j, context + j + 1),
+                                     causal_mask(1, context + j)).logits[0].copy())
+        cache.advance(1)
+    cache.truncate(context)
+    single = np.stack(single)
     cost = entry_cost(bundle, entry)
     q = entry.quantization or {}
     return {"bundle": str(bundle), "precision": f"int{q['bits']}" if q else entry.dtype,
             "format": q.get("format"), "block_size": q.get("block_size"), "accuracy_level": q.get("accuracy_level"),
             "weight_bytes": cost.weight_bytes, "flops_per_row": cost.matmul_flops_per_token, "context": context,
-            "ms": {str(r): ms for r, ms in out.items()}}
+            "ms": {str(r): ms for r, ms in out.items()},
+            "rows_vs_single": {"rows": r, "max_abs_logit_diff": float(np.abs(wide - single).max()),
+                               "argmax_equal": float((wide.argmax(-1) == single.argmax(-1)).mean())}}
 
 
 def fit(row: dict) -> dict:
@@ -101,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{bundle}: {row['precision']}, {row['weight_bytes'] / 1e6:.0f} MB; t(1) {row['ms']['1']:.2f} ms; "
               + " ".join(f"{k}:{v:.2f}" for k, v in f["ratio"].items())
               + f"; a {f['fixed_ms']:.2f} ms + b {f['per_row_ms']:.2f} ms/row, r* {f['crossover_rows'] or 0:.1f}; "
-              f"{f['gb_per_s_at_1']:.1f} GB/s at 1 row, {f['gflop_per_s_per_row'] or 0:.0f} GFLOP/s per extra row")
+              f"{f['gb_per_s_at_1']:.1f} GB/s at 1 row, {f['gflop_per_s_per_row'] or 0:.0f} GFLOP/s per extra row; "
+              f"{row['rows_vs_single']['rows']} rows vs one at a time: max |Δlogit| "
+              f"{row['rows_vs_single']['max_abs_logit_diff']:.2e}")
     if args.json:
         args.json.write_text(json.dumps({"date": date.today().isoformat(), "machine": platform.processor()
                                          or platform.machine(), "threads": args.threads, "rows": list(ROWS),

@@ -322,7 +322,9 @@ def test_heldout_acceptance_figures(trained):
 def test_progress_reports_every_phase_and_step(trained):
     _, _, calls = trained
     assert calls[0][0] == "generate"
-    assert {c[0] for c in calls} == {"generate", "cache", "train", "evaluate"}
+    assert {c[0] for c in calls} == {"generate", "text", "cache", "train", "evaluate"}
+    text = [c[1:3] for c in calls if c[0] == "text"]  # the documents' forward passes, to the last window
+    assert text[-1][0] == text[-1][1] and [d for d, _ in text] == sorted(d for d, _ in text)
     steps = [c for c in calls if c[0] == "train"]
     assert [c[1] for c in steps] == list(range(1, SMALL.steps + 1))
     assert all(c[2] == SMALL.steps and isinstance(c[3], float) for c in steps)
