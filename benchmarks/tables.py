@@ -197,6 +197,23 @@ def one_run(data: dict) -> str:
                 "prompts with `none`'s greedy tokens", "tokens before the first difference"], rows)
 
 
+def verify_cost(data: dict) -> str:
+    """benchmarks/verify_cost.py: one target pass of r rows against one row, per bundle, with the fit."""
+    rows = []
+    for b in data["bundles"]:
+        f, devices = b["fit"], {d["device"]: d for d in b["devices"]}
+        label = b["precision"] + (f" ({b['format']} blocks)" if b["format"] == "gguf" else
+                                  f" (blocks of {b['block_size']})" if b["block_size"] else "")
+        rows.append([label, f"{b['weight_bytes'] / 1e6:.0f} MB", f"{b['ms']['1']:.2f} ms",
+                     *(_x(f["ratio"][r]) for r in ("2", "3", "5", "9", "16")),
+                     f"{f['per_row_ms']:.2f} ms ({f['gflop_per_s_per_row']:.0f} GFLOP/s)",
+                     *(f"{d['crossover_rows']:.0f}" for d in devices.values()),
+                     f"{b['rows_vs_single']['max_abs_logit_diff']:.1e}"])
+    names = [d["device"] for d in data["bundles"][0]["devices"]]
+    return _md(["target", "weights", "1 row", "2 rows", "3", "5", "9", "16", "each extra row",
+                *(f"rows free on {n}" for n in names), "max |Δlogit|, 16 rows vs one by one"], rows)
+
+
 def side_by_side(data: dict) -> str:
     """benchmarks/side_by_side.py: each engine in its own processes, medians over rounds, against the first."""
     rows, base = [], None
