@@ -147,8 +147,8 @@ def roofline(data: dict) -> str:
 PEER_LABEL = {"hf_generate": "Hugging Face `generate` ({dtype})",
               "hf_assisted": "Hugging Face assisted generation ({dtype}, the same draft)",
               "ortgenai": "ONNX Runtime GenAI (its own builder; {precision})",
-              "llamacpp": "llama.cpp plain ({model})",
-              "llamacpp-lookup": "llama.cpp prompt lookup ({model}, {lookup_tokens} tokens)"}
+              "llamacpp": "llama.cpp plain (the same GGUF)",
+              "llamacpp-lookup": "llama.cpp prompt lookup (the same GGUF, {lookup_tokens} tokens)"}
 
 
 def peers(data: dict) -> str:
@@ -187,7 +187,7 @@ def one_run(data: dict) -> str:
     for name, m in data["methods"].items():
         label = f"specrt `{name}`" + (f" ({m['tokens_per_target_pass']:.2f} tokens per pass)" if name != "none" else "")
         rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
-                     "all" if m.get("greedy_matches_none") else "NOT all", "–"])
+                     "all" if m.get("greedy_matches_none") else "not all (near-ties)", "–"])
     for name, p in data["peers"].items():
         label = PEER_LABEL.get(name, p.get("description", name)).format(**p)
         rows.append([label, _f(p["tokens_per_second"], ".0f"), _x(p["tokens_per_second"] / none),
@@ -211,7 +211,7 @@ def verify_cost(data: dict) -> str:
                      f"{b['rows_vs_single']['max_abs_logit_diff']:.1e}"])
     names = [d["device"] for d in data["bundles"][0]["devices"]]
     return _md(["target", "weights", "1 row", "2 rows", "3", "5", "9", "16", "each extra row",
-                *(f"rows free on {n}" for n in names), "max |Δlogit|, 16 rows vs one by one"], rows)
+                *(f"rows free on {n}" for n in names), "largest logit change, 16 rows vs one by one"], rows)
 
 
 def side_by_side(data: dict) -> str:
@@ -246,6 +246,10 @@ table("smollm2-eagle3-r2-int8-cpu", "smollm2-eagle3-r2-int8-cpu.json")(bench_tab
 table("smollm2-eagle3-r2-t07-cpu", "smollm2-eagle3-r2-t07-cpu.json")(bench_table)
 table("smollm2-gguf-q41-eagle3-cpu", "smollm2-gguf-q41-eagle3-cpu.json")(bench_table)
 table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
+table("smollm2-compare-cpu", "smollm2-compare-cpu.json")(one_run)
+table("smollm2-eagle3-r3-cpu", "smollm2-eagle3-r3-cpu.json")(bench_table)
+table("smollm2-eagle3-r3-int8-cpu", "smollm2-eagle3-r3-int8-cpu.json")(bench_table)
+table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
