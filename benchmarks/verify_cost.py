@@ -3,8 +3,8 @@
 A pass at batch 1 reads every weight once (time W / bandwidth) and computes 2·r FLOPs per weight (time
 r·F / throughput). While r stays under the crossover r* = (W / bandwidth) / (F / throughput) the pass is
 memory-bound and extra rows are nearly free; past it every row costs its arithmetic. This times the target
-alone (the engine's forward call, nothing of the runtime around it) at r = 1 .. 16 new rows over a fixed
-context, fits t(r) = a + b·r by least squares, and reports a, b, t(r)/t(1) and r* = a/b, with the
+alone (the engine's forward call, nothing of the runtime around it: verify_rows.py's timing) at r = 1 .. 16
+new rows over a fixed context, fits t(r) = a + b·r by least squares, and reports a, b, t(r)/t(1) and r* = a/b, with the
 bandwidth the bundle achieves at r = 1 (weight bytes / t(1)) and the arithmetic rate the extra rows run at
 (F / b). ``--gpu NAME:GBPS:TFLOPS`` adds the same model's r* on a device from its datasheet figures.
 
@@ -16,53 +16,42 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # verify_rows.py, beside this file
+
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 
 
 def time_rows(bundle: Path, threads: int | None, context: int, repeats: int) -> dict:
-    """Median engine time of one target pass per row count, the cache rolled back after each."""
-    import specrt
+    """Median engine time of one target pass per row count (verify_rows.py's), and how the widest pass's
+    logits compare with the same rows fed one at a time."""
+    from verify_rows import decoder_ms
+
     from specrt.bundle.files import entry_cost
+    from specrt.bundle.manifest import load_manifest
+    from specrt.runtime.backends.onnxruntime import OrtDecoder
     from specrt.runtime.masks import causal_mask
 
-    gen = specrt.load(bundle, threads=threads)
-    target = gen.decoders["target"]
-    entry = gen.manifest.target
-    cache = target.new_cache(context + max(ROWS) + 1)
-    rng = np.random.default_rng(0)
-    vocab = entry.dims.vocab_size
-    ids = rng.integers(0, vocab, context + max(ROWS))
+    entry = load_manifest(bundle).target
+    target = OrtDecoder(bundle, entry, threads=threads)
+    out = decoder_ms(target, ROWS, context, repeats)
+    # Whether a kernel's numerics depend on how many rows it multiplies (greedy output can then differ
+    # between plain decoding and speculation): the widest pass against its rows fed one at a time.
+    r = max(ROWS)
+    ids = np.random.default_rng(0).integers(0, entry.dims.vocab_size, context + r)
+    cache = target.new_cache(context + r)
     target.forward(cache, ids[:context], np.arange(context), causal_mask(context, 0))
     cache.advance(context)
-    out: dict[int, float] = {}
-    for r in ROWS:
-        new, pos, mask = ids[context:context + r], np.arange(context, context + r), causal_mask(r, context)
-        target.forward(cache, new, pos, mask)  # warm-up: this shape's first run
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            target.forward(cache, new, pos, mask)
-            times.append(time.perf_counter() - t0)  # forward writes K/V past the length, never advances it
-        out[r] = statistics.median(times) * 1e3
-    # The rows of the widest pass against the same rows fed one at a time: whether a kernel's numerics depend
-    # on how many rows it multiplies (greedy output can then differ between plain decoding and speculation).
-    r = max(ROWS)
-    wide = target.forward(cache, ids[context:context + r], np.arange(context, context + r),
-                          causal_mask(r, context)).logits.copy()
+    wide = target.forward(cache, ids[context:], np.arange(context, context + r), causal_mask(r, context)).logits.copy()
     single = []
-    for j in range(r):
-        single.append(target.forward(cache, ids[context + j:context + j + 1], np.arange(context + j, context + j + 1),
-                                     causal_mask(1, context + j)).logits[0].copy())
+    for j in range(context, context + r):
+        single.append(target.forward(cache, ids[j:j + 1], np.arange(j, j + 1), causal_mask(1, j)).logits[0].copy())
         cache.advance(1)
-    cache.truncate(context)
     single = np.stack(single)
     cost = entry_cost(bundle, entry)
     q = entry.quantization or {}

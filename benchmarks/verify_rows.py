@@ -20,6 +20,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -30,7 +31,11 @@ from specrt.runtime.masks import causal_mask
 
 
 def pass_ms(bundle: str, rows: list[int], past: int, threads: int, reps: int = 25) -> dict[int, float]:
-    dec = OrtDecoder(bundle, load_manifest(bundle).target, threads=threads)
+    return decoder_ms(OrtDecoder(bundle, load_manifest(bundle).target, threads=threads), rows, past, reps)
+
+
+def decoder_ms(dec: OrtDecoder, rows: Sequence[int], past: int, reps: int = 25) -> dict[int, float]:
+    """Median milliseconds of one q-row pass per q in ``rows``, after ``past`` positions (3 warm-ups each)."""
     cache = dec.new_cache(past + max(rows))
     dec.forward(cache, np.ones(past, np.int64), np.arange(past), causal_mask(past, 0))
     cache.advance(past)
