@@ -108,6 +108,16 @@ def portable_close_bundle(close_pair, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gqa_close_bundle(close_pair, tmp_path_factory) -> Path:
+    """The close pair with GroupQueryAttention graphs (`--graph gqa`)."""
+    from specrt.export.bundle import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("close-gqa") / "bundle"
+    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="gqa"))
+    return out
+
+
+@pytest.fixture(scope="session")
 def self_bundle(pairs, tmp_path_factory) -> Path:
     """Draft == target: greedy chains are always fully accepted (exercises the draft's catch-up)."""
     from specrt.export.bundle import export_bundle

@@ -66,6 +66,20 @@ def new_value(layer: int) -> str:
     return f"new_value.{layer}"
 
 
+# A "gqa" graph (export/gqa.py: ONNX Runtime's GroupQueryAttention) keeps each layer's cache as ONE buffer
+# [B, H_kv, capacity, D] (head-major), bound as past_key.N and as present_key.N: the op writes the Q new
+# rows in place at the current length (the mask's width - Q), so nothing is re-bound between passes.
+GQA_GRAPH = "gqa"
+
+
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
 @dataclass(frozen=True)
 class ModelDims:
     """The fixed sizes of one decoder, recorded in the manifest; the runtime sizes its cache from them."""
@@ -97,10 +111,11 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: int = 0
+def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: int = 0, graph: str = "portable"
                ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The (inputs, outputs) of a graph with the given dims and weight/KV dtype. ``tap_width``: a decoder's
-    ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width."""
+    ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width. ``graph``
+    :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if kind not in KINDS:
@@ -123,6 +138,12 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     ]
     if kind == "decoder" and tap_width:
         outputs.append(TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)))
+    if graph == GQA_GRAPH:
+        buffer = ("batch", dims.num_kv_heads, "capacity", dims.head_dim)
+        for i in range(dims.num_layers):
+            inputs += [TensorSpec(past_key(i), dtype, buffer), TensorSpec(past_value(i), dtype, buffer)]
+            outputs += [TensorSpec(present_key(i), dtype, buffer), TensorSpec(present_value(i), dtype, buffer)]
+        return inputs, outputs
     for i in range(dims.num_layers):
         inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
         outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]

@@ -43,7 +43,9 @@ class ModelEntry:
     # Weight-only quantization (`specrt quantize`): bits, block size, quantized matmuls, bytes before and
     # after, distributional parity against the float graph. None: the graph's weights are as exported.
     quantization: dict[str, Any] | None = None
-    # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "portable": plain ops.
+    # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "gqa": fused, with ONNX
+    # Runtime's GroupQueryAttention over one in-place cache buffer per layer (contract.GQA_GRAPH);
+    # "portable": plain ops.
     graph: str = "portable"
     # What one pass reads and computes (bundle.files.graph_cost), recorded where onnx is installed (export,
     # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.
@@ -71,7 +73,7 @@ class ModelEntry:
                 raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
 
     def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
-        return decoder_io(self.dims, self.dtype, self.kind, self.tap_width)
+        return decoder_io(self.dims, self.dtype, self.kind, self.tap_width, self.graph)
 
     def to_json(self) -> dict[str, Any]:
         ins, outs = self.io()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..bundle import contract as C
 from ..bundle.contract import DTYPES
 from ..bundle.files import graph_cost
 from ..bundle.manifest import Manifest, MedusaEntry, ModelEntry, TokenizerEntry, id_set
@@ -33,7 +34,7 @@ from .staging import publish, staging_folder
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
-GRAPHS = ("auto", "fused", "portable")
+GRAPHS = ("auto", "fused", "gqa", "portable")
 ISOLATE_BYTES = 512 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -73,14 +74,20 @@ class ExportOptions:
             raise ConfigError(f"medusa dtype must be one of {', '.join(DTYPES)}, got {self.medusa_dtype!r}")
         if self.graph not in GRAPHS:
             raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
-        if self.graph == "fused" and self.exporter != "dynamo":
-            raise ConfigError("--graph fused needs the dynamo exporter")
+        if self.graph in ("fused", "gqa") and self.exporter != "dynamo":
+            raise ConfigError(f"--graph {self.graph} needs the dynamo exporter")
 
     def fused_for(self, adapter_cls, config) -> bool:
-        """Whether this model's graph is the fused one."""
+        """Whether this model's graph is the fused one (or, under "gqa", the fused one rewritten)."""
         if self.graph == "auto":
             return adapter_cls.fused_supported(config) and self.exporter == "dynamo"
-        return self.graph == "fused"
+        return self.graph in ("fused", "gqa")
+
+    def graph_for(self, fused: bool) -> str:
+        """The manifest's ``graph`` of a model exported fused or not."""
+        if not fused:
+            return "portable"
+        return C.GQA_GRAPH if self.graph == "gqa" else "fused"
 
     def isolate_for(self, source: str) -> bool:
         """Whether ``source``'s PyTorch side runs in a child process (hub ids: always, under ``None``)."""
@@ -264,7 +271,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             else:
                 dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
                 release_memory()
-            graph = "fused" if job.fused else "portable"
+            graph = options.graph_for(job.fused)
+            if graph == C.GQA_GRAPH:
+                from .gqa import rewrite_file
+
+                with reporter.step(f"Rewriting {role} for ONNX Runtime's GroupQueryAttention"):
+                    rewrite_file(tmp / f"{role}.onnx", tmp / f"{role}.onnx", dims)
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
                 parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
                                       taps_reference=taps_reference)

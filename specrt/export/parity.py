@@ -147,16 +147,44 @@ class _OrtDecoder:
         self.dims, self.np_dtype = dims, np.dtype(dtype)
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
+        self.shared_kv = C.present_key(0) in self.outputs
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
-        """(logits [Q, V], new K/V, eagle_taps [Q, width] or None when the graph has no taps)."""
+        """(logits [Q, V], new K/V [1, Q, H_kv, D] each, eagle_taps [Q, width] or None when the graph has no
+        taps). ``past``: [1, P, H_kv, D] per layer and K|V, whatever the graph's cache layout."""
         feed = {C.INPUT_IDS: ids[None].astype(np.int64), C.POSITION_IDS: pos[None].astype(np.int64),
                 C.ATTENTION_MASK: mask}
+        if self.shared_kv:
+            return self._shared(feed, len(ids), past)
         for i in range(self.dims.num_layers):
             feed[C.past_key(i)], feed[C.past_value(i)] = past[2 * i], past[2 * i + 1]
         out = dict(zip(self.outputs, self.session.run(None, feed)))
         taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
         return out[C.LOGITS][0], [out[n] for n in self.new_names], taps
+
+    def _shared(self, feed: dict, q_len: int, past: list[np.ndarray]):
+        """A GQA graph, called as the runtime calls it: each layer's head-major buffer bound as its past and
+        its present, with room to spare after the new rows (the op must not assume the buffer ends there)."""
+        p = past[0].shape[1]
+        buffers = [np.zeros((1, self.dims.num_kv_heads, p + q_len + 3, self.dims.head_dim), self.np_dtype)
+                   for _ in past]
+        for buf, rows in zip(buffers, past):
+            buf[:, :, :p] = rows.transpose(0, 2, 1, 3)
+        binding = self.session.io_binding()
+        for name, value in feed.items():
+            binding.bind_cpu_input(name, value)
+        for i, buf in enumerate(buffers):
+            layer, value = divmod(i, 2)
+            names = (C.past_value(layer), C.present_value(layer)) if value else (C.past_key(layer), C.present_key(layer))
+            binding.bind_input(names[0], "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+            binding.bind_output(names[1], "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        others = [n for n in self.outputs if not n.startswith(("present_key.", "present_value."))]
+        for name in others:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        out = dict(zip(others, binding.copy_outputs_to_cpu()[-len(others):]))
+        taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
+        return out[C.LOGITS][0], [buf[:, :, p:p + q_len].transpose(0, 2, 1, 3) for buf in buffers], taps
 
     def empty_past(self) -> list[np.ndarray]:
         shape = (1, 0, self.dims.num_kv_heads, self.dims.head_dim)

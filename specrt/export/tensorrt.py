@@ -144,10 +144,11 @@ def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
         raise ConfigError(f"this bundle is int{quantized[0].quantization['bits']} weight-only (ONNX Runtime's "
                           "MatMulNBits), which TensorRT cannot parse; build engines from the float bundle it came "
                           "from (weight-only TensorRT engines need a Q/DQ graph, which specrt does not produce yet)")
-    fused = [e for e in entries if e.graph == "fused"]
+    fused = [e for e in entries if e.graph in ("fused", "gqa")]
     if fused:
-        raise ConfigError(f"{fused[0].file} is the fused ONNX Runtime graph (opset-23 Attention/RotaryEmbedding "
-                          "nodes, not parsed by TensorRT here); re-export with --graph portable for TensorRT engines")
+        raise ConfigError(f"{fused[0].file} is the {fused[0].graph} ONNX Runtime graph (opset-23 or contrib "
+                          "attention nodes, not parsed by TensorRT here); re-export with --graph portable for "
+                          "TensorRT engines")
     found = {GRAPH_PRECISION.get(e.dtype, e.dtype) for e in entries}
     if len(found) != 1:
         raise ConfigError(f"the bundle's graphs have different precisions ({', '.join(sorted(found))})")

@@ -46,9 +46,14 @@ class CacheLength:
 
 
 class KVCache(CacheLength):
-    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype) -> None:
+    """``heads_major``: [1, H_kv, max_context, D] per layer instead, the one buffer a GroupQueryAttention
+    graph reads and writes in place (contract.GQA_GRAPH); a position's rows are then H_kv strided slices."""
+
+    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype, heads_major: bool = False) -> None:
         super().__init__(max_context)
-        shape = (1, max_context, dims.num_kv_heads, dims.head_dim)
+        self.heads_major = heads_major
+        shape = ((1, dims.num_kv_heads, max_context, dims.head_dim) if heads_major
+                 else (1, max_context, dims.num_kv_heads, dims.head_dim))
         self.keys = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
         self.values = [np.zeros(shape, dtype=dtype) for _ in range(dims.num_layers)]
         # Host addresses never move: backends bind past/slots as base + length * row_bytes, no views.
@@ -71,5 +76,8 @@ class KVCache(CacheLength):
         src = start + keep
         dst = start + np.arange(keep.size)
         for buf in (*self.keys, *self.values):
-            buf[:, dst] = buf[:, src]  # fancy indexing reads all sources before writing
+            if self.heads_major:
+                buf[:, :, dst] = buf[:, :, src]
+            else:
+                buf[:, dst] = buf[:, src]  # fancy indexing reads all sources before writing
         self.length = start + keep.size

@@ -50,12 +50,13 @@ def test_compaction_copies_group_runs_without_overlap():
     assert compaction_copies(3, np.array([1, 4, 5])) == [(4, 3, 1), (7, 4, 2)]
 
 
+@pytest.mark.parametrize("heads_major", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_device_cache_compaction_equals_host_compaction(llama_bundle, seed):
+def test_device_cache_compaction_equals_host_compaction(llama_bundle, seed, heads_major):
     dims = load_manifest(llama_bundle).target.dims
     rng = np.random.default_rng(seed)
-    host, mem = KVCache(dims, 40, np.float32), HostMemory()
-    dev = DeviceKVCache(dims, 40, np.float32, mem)
+    host, mem = KVCache(dims, 40, np.float32, heads_major=heads_major), HostMemory()
+    dev = DeviceKVCache(dims, 40, np.float32, mem, heads_major=heads_major)
     shape = host.keys[0].shape
     for i in range(dims.num_layers):
         for arr, ptr in ((host.keys[i], dev.key_ptrs[i]), (host.values[i], dev.value_ptrs[i])):
@@ -70,7 +71,20 @@ def test_device_cache_compaction_equals_host_compaction(llama_bundle, seed):
     assert dev.length == host.length == start + keep.size
     for i in range(dims.num_layers):
         for arr, ptr in ((host.keys[i], dev.key_ptrs[i]), (host.values[i], dev.value_ptrs[i])):
-            np.testing.assert_array_equal(view(ptr, shape, np.float32)[:, :host.length], arr[:, :host.length])
+            got, want = view(ptr, shape, np.float32), arr
+            if heads_major:
+                got, want = got.transpose(0, 2, 1, 3), want.transpose(0, 2, 1, 3)
+            np.testing.assert_array_equal(got[:, :host.length], want[:, :host.length])
+
+
+def test_a_heads_major_device_cache_is_one_dense_buffer_per_layer(llama_bundle):
+    """What a GroupQueryAttention graph reads as past_key.N: [1, H_kv, max_context, D], no pad between heads."""
+    dims = load_manifest(llama_bundle).target.dims
+    cache = DeviceKVCache(dims, 37, np.float16, HostMemory(), heads_major=True)
+    layer = dims.num_kv_heads * 37 * dims.head_dim * 2
+    starts = [p for pair in zip(cache.key_ptrs, cache.value_ptrs) for p in pair]
+    assert all(b - a == layer for a, b in zip(starts, starts[1:]))
+    assert cache.planes * cache.plane_bytes == 2 * dims.num_layers * layer
 
 
 def test_profile_choice_and_its_errors():
@@ -307,8 +321,9 @@ def _ort_has_cuda() -> bool:
 
 
 @pytest.mark.skipif(not _ort_has_cuda(), reason="needs onnxruntime-gpu, cuda-python and a GPU")
-def test_onnxruntime_cuda_keeps_the_cache_on_the_device(close_bundle):
-    gen = specrt.load(close_bundle)
+@pytest.mark.parametrize("graph", ["fused", "gqa"])
+def test_onnxruntime_cuda_keeps_the_cache_on_the_device(graph, close_bundle, gqa_close_bundle):
+    gen = specrt.load(close_bundle if graph == "fused" else gqa_close_bundle)
     model = gen._models["target"]
     assert model.decoder.provider == "CUDAExecutionProvider" and isinstance(model.cache, DeviceKVCache)
     want = gen.generate(PROMPTS[0], max_new_tokens=16, method="none").token_ids

@@ -63,6 +63,22 @@ def test_compact_moves_an_accepted_tree_path():
         c.compact(4, [2, 1])
 
 
+def test_a_heads_major_cache_compacts_along_its_position_axis():
+    """The GroupQueryAttention layout [1, H_kv, max_context, D]: the same moves as the seq-major cache."""
+    seq, heads = KVCache(DIMS, 16, np.float32), KVCache(DIMS, 16, np.float32, heads_major=True)
+    assert heads.keys[0].shape == (1, 2, 16, 3) and heads.key_ptrs[0] == heads.keys[0].ctypes.data
+    rng = np.random.default_rng(0)
+    for s_buf, h_buf in zip((*seq.keys, *seq.values), (*heads.keys, *heads.values)):
+        s_buf[...] = rng.standard_normal(s_buf.shape)
+        h_buf[...] = s_buf.transpose(0, 2, 1, 3)
+    seq.length = heads.length = 10
+    seq.compact(4, [0, 2, 5])
+    heads.compact(4, [0, 2, 5])
+    assert heads.length == seq.length == 7
+    for s_buf, h_buf in zip((*seq.keys, *seq.values), (*heads.keys, *heads.values)):
+        np.testing.assert_array_equal(h_buf[:, :, :7].transpose(0, 2, 1, 3), s_buf[:, :7])
+
+
 def test_causal_mask():
     m = causal_mask(2, 3)
     assert m.shape == (1, 1, 2, 5)

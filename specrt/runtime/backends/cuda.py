@@ -174,21 +174,32 @@ def compaction_copies(start: int, keep: np.ndarray) -> list[tuple[int, int, int]
 
 
 class DeviceKVCache(CacheLength):
-    """The KV cache in device memory; same layout per layer as :class:`~specrt.runtime.kvcache.KVCache`."""
+    """The KV cache in device memory; same layout per layer as :class:`~specrt.runtime.kvcache.KVCache`
+    (``heads_major`` too: then a plane is one head's rows, and a layer's H_kv planes lie back to back,
+    the dense [1, H_kv, max_context, D] buffer GroupQueryAttention reads)."""
 
-    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype, memory: DeviceMemory) -> None:
+    def __init__(self, dims: ModelDims, max_context: int, dtype: str | np.dtype, memory: DeviceMemory,
+                 heads_major: bool = False) -> None:
         super().__init__(max_context)
-        self.memory = memory
-        self.row_bytes = dims.num_kv_heads * dims.head_dim * np.dtype(dtype).itemsize
-        # Planes (one per layer and K|V) start on aligned addresses whatever a row's size; the pad
-        # after each plane's last row is never read (the strided copies use plane_bytes as pitch).
-        self.plane_bytes = aligned(max_context * self.row_bytes)
-        self.planes = 2 * dims.num_layers
+        self.memory, self.heads_major = memory, heads_major
+        itemsize = np.dtype(dtype).itemsize
+        if heads_major:
+            self.row_bytes = dims.head_dim * itemsize  # one head's row: what compaction moves per plane
+            self.plane_bytes = max_context * self.row_bytes
+            self.planes = 2 * dims.num_layers * dims.num_kv_heads
+            layer_bytes = dims.num_kv_heads * self.plane_bytes
+        else:
+            self.row_bytes = dims.num_kv_heads * dims.head_dim * itemsize
+            # Planes (one per layer and K|V) start on aligned addresses whatever a row's size; the pad
+            # after each plane's last row is never read (the strided copies use plane_bytes as pitch).
+            self.plane_bytes = aligned(max_context * self.row_bytes)
+            self.planes = 2 * dims.num_layers
+            layer_bytes = self.plane_bytes
         self.base = memory.malloc(self.planes * self.plane_bytes)
         memory.memset(self.base, 0, self.planes * self.plane_bytes)
         memory.synchronize()  # an engine on another stream (ORT's) may read it next
-        self.key_ptrs = [self.base + 2 * i * self.plane_bytes for i in range(dims.num_layers)]
-        self.value_ptrs = [p + self.plane_bytes for p in self.key_ptrs]
+        self.key_ptrs = [self.base + 2 * i * layer_bytes for i in range(dims.num_layers)]
+        self.value_ptrs = [p + layer_bytes for p in self.key_ptrs]
 
     @property
     def num_layers(self) -> int:

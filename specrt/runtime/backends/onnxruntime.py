@@ -10,6 +10,7 @@ past grows each step.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -181,6 +182,10 @@ class OrtDecoder:
         self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
                           for i in range(entry.dims.num_layers)]
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
+        # A GroupQueryAttention graph reads and writes each layer's one cache buffer in place: bound once per
+        # cache (the cache it is bound to, kept alive by this reference), never per pass.
+        self.shared_kv = entry.graph == C.GQA_GRAPH
+        self._kv_for: KVCache | DeviceKVCache | None = None
         if device_logits is None:
             device_logits = self.kv_device == "cuda"
         # TopK needs at least K ids per row; a vocabulary that small is copied whole anyway.
@@ -198,8 +203,8 @@ class OrtDecoder:
 
     def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
         if self.memory is None:
-            return KVCache(self.entry.dims, max_context, self.kv_dtype)
-        return DeviceKVCache(self.entry.dims, max_context, self.kv_dtype, self.memory)
+            return KVCache(self.entry.dims, max_context, self.kv_dtype, heads_major=self.shared_kv)
+        return DeviceKVCache(self.entry.dims, max_context, self.kv_dtype, self.memory, heads_major=self.shared_kv)
 
     def _outputs(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
         if self._logits.shape[1] < q_len:  # grows to the longest prompt seen, then stays
@@ -216,6 +221,21 @@ class OrtDecoder:
         bind = self.binding.bind_output if output else self.binding.bind_input
         bind(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
+    def _bind_cache(self, cache: KVCache | DeviceKVCache) -> None:
+        """Bind ``cache``'s buffers as past_key.N and present_key.N (a GQA graph), unless they already are."""
+        if self._kv_for is cache:
+            return
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        shape, dt, dev = [1, self._kv_shape[0], cache.max_context, self._kv_shape[1]], self.kv_dtype, self.kv_device
+        for i, (kp, vp) in enumerate(zip(cache.key_ptrs, cache.value_ptrs)):
+            b.bind_input(C.past_key(i), dev, 0, dt, shape, kp)
+            b.bind_input(C.past_value(i), dev, 0, dt, shape, vp)
+            b.bind_output(C.present_key(i), dev, 0, dt, shape, kp)
+            b.bind_output(C.present_value(i), dev, 0, dt, shape, vp)
+        self._kv_for = cache
+
     def forward(self, cache: KVCache | DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
                 mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> DecoderOutput:
         """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
@@ -225,22 +245,26 @@ class OrtDecoder:
         pos = np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, q_len)
         mask = np.ascontiguousarray(mask, dtype=bool)
         b = self.binding
-        b.clear_binding_inputs()
-        b.clear_binding_outputs()
+        if self.shared_kv:
+            self._bind_cache(cache)  # binding a name again replaces it: the cache's bindings stay
+        else:
+            b.clear_binding_inputs()
+            b.clear_binding_outputs()
         self._bound = []
         self._bind(C.INPUT_IDS, ids)
         self._bind(C.POSITION_IDS, pos)
         self._bind(C.ATTENTION_MASK, mask)
         for name, rows in (extra or {}).items():
             self._bind(name, np.ascontiguousarray(rows, dtype=self.kv_dtype).reshape(1, q_len, -1))
-        # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
-        past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
-        offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
-        for (pk, pv, nk, nv), kp, vp in zip(self._kv_names, cache.key_ptrs, cache.value_ptrs):
-            b.bind_input(pk, dev, 0, dt, past_shape, kp)
-            b.bind_input(pv, dev, 0, dt, past_shape, vp)
-            b.bind_output(nk, dev, 0, dt, new_shape, kp + offset)
-            b.bind_output(nv, dev, 0, dt, new_shape, vp + offset)
+        if not self.shared_kv:
+            # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
+            past_shape, new_shape = [1, past, *self._kv_shape], [1, q_len, *self._kv_shape]
+            offset, dt, dev = past * cache.row_bytes, self.kv_dtype, self.kv_device
+            for (pk, pv, nk, nv), kp, vp in zip(self._kv_names, cache.key_ptrs, cache.value_ptrs):
+                b.bind_input(pk, dev, 0, dt, past_shape, kp)
+                b.bind_input(pv, dev, 0, dt, past_shape, vp)
+                b.bind_output(nk, dev, 0, dt, new_shape, kp + offset)
+                b.bind_output(nv, dev, 0, dt, new_shape, vp + offset)
         logits, hidden = self._outputs(q_len)
         if self.summary is not None:
             b.bind_output(C.LOGITS, dev, 0, np.float32, [1, q_len, self.entry.dims.vocab_size],
@@ -252,15 +276,17 @@ class OrtDecoder:
         if self._taps is not None:
             outputs[C.EAGLE_TAPS] = self._taps[:, :q_len]
             self._bind(C.EAGLE_TAPS, outputs[C.EAGLE_TAPS], output=True)
+        t0 = time.perf_counter()
         self.session.run_with_iobinding(b)
+        engine_s = time.perf_counter() - t0
         # On the CUDA provider the host-bound outputs are copied down by ORT.
         on_device = self.kv_device == "cuda"
         extra = {name: rows[0] for name, rows in outputs.items()}
         extra_bytes = sum(rows.nbytes for rows in extra.values()) if on_device else 0
         if self.summary is not None:
             return DecoderOutput(logits=None, hidden=hidden[0], device_logits=self.summary.rows(q_len), extra=extra,
-                                 copied_bytes=(hidden.nbytes if on_device else 0) + extra_bytes)
-        return DecoderOutput(logits=logits[0], hidden=hidden[0], extra=extra,
+                                 copied_bytes=(hidden.nbytes if on_device else 0) + extra_bytes, engine_s=engine_s)
+        return DecoderOutput(logits=logits[0], hidden=hidden[0], extra=extra, engine_s=engine_s,
                              copied_bytes=(logits.nbytes + hidden.nbytes if on_device else 0) + extra_bytes)
 
 

@@ -1,0 +1,115 @@
+"""GroupQueryAttention graphs (``--graph gqa``): the fused graph with one in-place KV buffer per layer.
+
+The same checkpoints exported gqa and fused must decode the same tokens by every method (chains, trees
+with rollback and compaction, sampling); the export's parity check runs the rewritten graph the way the
+runtime does; a graph that is not the fused pattern, and a TensorRT build, are refused in one line.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+
+import specrt
+from specrt.bundle import contract as C
+from specrt.bundle.manifest import load_manifest
+from specrt.errors import ConfigError
+from specrt.export.bundle import ExportOptions, export_bundle
+from specrt.export.gqa import rewrite
+from specrt.runtime.masks import causal_mask
+
+PROMPT = "def fib(n):"
+
+
+@pytest.fixture
+def gqa_bundle(gqa_close_bundle):
+    return gqa_close_bundle
+
+
+def _ops(bundle, role="target") -> collections.Counter:
+    model = onnx.load(str(bundle / f"{role}.onnx"), load_external_data=False)
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def test_every_layer_is_one_gqa_node_over_a_shared_buffer(gqa_bundle, close_bundle):
+    manifest = load_manifest(gqa_bundle)
+    assert {role: e.graph for role, e in manifest.models.items()} == {"target": "gqa", "draft": "gqa"}
+    for role, entry in manifest.models.items():
+        ops, fused = _ops(gqa_bundle, role), _ops(close_bundle, role)
+        assert ops["GroupQueryAttention"] == entry.dims.num_layers
+        assert not {"Attention", "RotaryEmbedding", "Concat"} & set(ops)
+        assert sum(ops.values()) < sum(fused.values())
+        names = {o.name for o in onnx.load(str(gqa_bundle / entry.file), load_external_data=False).graph.output}
+        assert C.present_key(0) in names and C.new_key(0) not in names
+    assert all(f["kl"] < 1e-5 for f in manifest.target.parity.values())  # the export checked it against HF
+
+
+def test_gqa_and_fused_graphs_decode_the_same_tokens(gqa_bundle, close_bundle):
+    gqa, fused = specrt.load(gqa_bundle, threads=1), specrt.load(close_bundle, threads=1)
+    for method in ("none", "draft", "tree", "ngram"):
+        got = gqa.generate(PROMPT, max_new_tokens=40, method=method)
+        assert got.token_ids == fused.generate(PROMPT, max_new_tokens=40, method=method).token_ids, method
+    assert got.stats.target_passes < 40  # chains and trees really were verified (and rolled back)
+    sampled = dict(max_new_tokens=30, method="tree", temperature=0.8, seed=3)
+    assert gqa.generate(PROMPT, **sampled).token_ids == fused.generate(PROMPT, **sampled).token_ids
+
+
+def test_a_tree_pass_then_compaction_matches_the_fused_graph(gqa_bundle, close_bundle):
+    """Branching mask over a past, then the kept path compacted and decoded from: both graphs agree."""
+    outs = []
+    for bundle in (gqa_bundle, close_bundle):
+        dec = specrt.load(bundle, threads=1).decoders["target"]
+        cache = dec.new_cache(64)
+        dec.forward(cache, np.arange(3, 9), np.arange(6), causal_mask(6, 0))
+        cache.length = 6
+        mask = causal_mask(3, 6)
+        mask[0, 0, 2, 7] = False  # node 2 is a sibling of node 1, not its child
+        tree = dec.forward(cache, np.array([5, 7, 11]), np.array([6, 7, 7]), mask).logits.copy()
+        cache.compact(6, [0, 2])  # keep nodes 0 and 2: node 2's K/V move one row left
+        after = dec.forward(cache, np.array([13]), np.array([8]), causal_mask(1, 8)).logits.copy()
+        outs.append((tree, after))
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_a_portable_graph_is_refused_not_half_rewritten(portable_close_bundle):
+    entry = load_manifest(portable_close_bundle).target
+    model = onnx.load(str(portable_close_bundle / entry.file), load_external_data=False)
+    before = model.SerializeToString()
+    with pytest.raises(ConfigError, match="--graph fused"):
+        rewrite(model, entry.dims)
+    assert model.SerializeToString() == before
+
+
+def test_gqa_needs_the_dynamo_exporter_and_tensorrt_refuses_it(gqa_bundle):
+    from specrt.export.tensorrt import resolve_precision
+
+    with pytest.raises(ConfigError, match="dynamo"):
+        ExportOptions(graph="gqa", exporter="torchscript")
+    with pytest.raises(ConfigError, match="--graph portable"):
+        resolve_precision(list(load_manifest(gqa_bundle).models.values()), None)
+
+
+def test_a_quantized_gqa_bundle_stays_gqa(gqa_bundle, tmp_path):
+    from specrt.export.quantize import QuantizeOptions, quantize_bundle
+
+    out = tmp_path / "q8"
+    quantize_bundle(gqa_bundle, out, QuantizeOptions(bits=8))
+    manifest = load_manifest(out)
+    assert manifest.target.graph == "gqa" and manifest.target.quantization["bits"] == 8
+    assert specrt.load(out, threads=1).generate(PROMPT, max_new_tokens=20, method="draft").token_ids
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "gemma2", "gemma3_text", "phi3"])
+def test_each_fused_architecture_rewrites_and_decodes_as_fused(arch, pairs, bundles, tmp_path):
+    """Sliding windows (their masks read the past length), QK norms (unpacked q/k/v), soft-capping and
+    per-layer rope bases: the parity check passes and greedy tokens equal the default fused bundle's."""
+    export_bundle(str(pairs[arch][0]), None, tmp_path / "gqa", ExportOptions(graph="gqa"))
+    assert load_manifest(bundles[arch]).target.graph == "fused"
+    gqa, fused = specrt.load(tmp_path / "gqa", threads=1), specrt.load(bundles[arch], threads=1)
+    for method in ("none", "ngram"):
+        assert (gqa.generate(PROMPT, max_new_tokens=24, method=method).token_ids
+                == fused.generate(PROMPT, max_new_tokens=24, method="none").token_ids), method
