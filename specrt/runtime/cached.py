@@ -25,7 +25,7 @@ class CachedModel:
         self.cache = decoder.new_cache(max_context)
         self.vocab = vocab
         self.passes = 0
-        self.forward_s = 0.0  # time inside the engine's forward calls; the rest of a step is host work
+        self.forward_s = 0.0  # time inside the engine (DecoderOutput.engine_s); the rest of a step is host work
         self._copied = 0  # device-to-host bytes of the outputs of passes before the last one
         self._device = None  # the last pass's logits when they stayed on the device
         self._serial = 0
@@ -43,7 +43,7 @@ class CachedModel:
         t0 = time.perf_counter()
         args = (self.cache, np.asarray(tokens, np.int64), positions, mask)
         out = self.decoder.forward(*args, extra=extra) if extra else self.decoder.forward(*args)
-        self.forward_s += time.perf_counter() - t0
+        self.forward_s += out.engine_s if out.engine_s is not None else time.perf_counter() - t0
         self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
         # Only the rows the caller reads are summarised on the device (a prefill's last, not the prompt's).
         self._device = out.device_logits.tail(last) if out.device_logits is not None else None

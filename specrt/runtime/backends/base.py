@@ -49,6 +49,9 @@ class DecoderOutput:
     device_logits: DeviceLogits | None = None  # set when ``logits`` stayed in device memory
     # The graph's further outputs by contract name (a target's eagle_taps: (Q, T*H)), valid until the next forward.
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # Seconds inside the engine's own run call, without the backend's binding and bookkeeping around it
+    # (host work); None: the backend does not tell them apart, and its whole forward counts as the engine's.
+    engine_s: float | None = None
 
 
 class Decoder(Protocol):
