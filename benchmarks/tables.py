@@ -204,6 +204,14 @@ def side_by_side(data: dict) -> str:
     return _md(["engine, weights (own processes)", "method", "tokens/s", "vs the first row"], rows)
 
 
+def context_scaling(data: dict) -> str:
+    """benchmarks/context_scaling.py: one plain decode step against the context it reads, per engine."""
+    ctx = [str(n) for n in data["contexts"]]
+    rows = [[label, *(f"{e['step_ms'][n]:.1f} ms ({1000 / e['step_ms'][n]:.0f}/s)" for n in ctx),
+             _x(e["step_ms"][ctx[-1]] / e["step_ms"][ctx[0]])] for label, e in data["engines"].items()]
+    return _md(["engine, weights", *(f"{n} positions" for n in ctx), f"{ctx[-1]} vs {ctx[0]}"], rows)
+
+
 table("demo-cpu", "demo-cpu.json")(headline)
 table("demo-cpu-full", "demo-cpu.json")(bench_table)
 table("demo-cpu-roofline", "demo-cpu.json")(roofline)
@@ -230,6 +238,7 @@ table("smollm2-compare-cpu", "smollm2-compare-cpu.json")(one_run)
 table("smollm2-eagle3-r3-cpu", "smollm2-eagle3-r3-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-int8-cpu", "smollm2-eagle3-r3-int8-cpu.json")(bench_table)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
+table("context-scaling-cpu", "context-scaling-cpu.json")(context_scaling)
 
 
 # ---- the demo pair at every precision ----------------------------------------------------------------------
