@@ -1,14 +1,16 @@
 """specrt and llama.cpp on the same GGUF weights, each in its own processes, as users run them.
 
     python benchmarks/side_by_side.py --bundle B[=METHODS] [--bundle ...] --gguf FILE [--gguf ...] \
-        --llama-bin DIR --prompts P.json [--chat] [--max-new-tokens 64] [--rounds 3] [--threads 2] [--json OUT]
-        [--bench-args '--gamma 2']
+        --llama-bin DIR [--genai [LABEL=]MODEL_DIR ...] --prompts P.json [--chat] [--max-new-tokens 64] [--rounds 3]
+        [--threads 2] [--json OUT] [--bench-args '--gamma 2']
 
 Each round runs every engine once, in turn (the order rotates by round): a bundle is one `specrt bench`
 process over all prompts (its methods, default `none`; its tokens/s counts prefill and decoding); a GGUF is
 one `llama-completion` process per prompt (greedy, the same thread count; its tokens/s is llama.cpp's own
 "prompt eval" + "eval" time over the tokens it produced, the load excluded as specrt's bench excludes
-session creation, and both warm up first). Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
+session creation, and both warm up first); an ONNX Runtime GenAI model folder (`--genai`, e.g. the build
+`specrt bench --compare ortgenai` caches) is one child process over all prompts, timed from its
+``GeneratorParams`` to its last token per prompt after one warm-up. Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
 over rounds, and each engine's ratio to the first GGUF.
 """
 
@@ -48,6 +50,29 @@ def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int)
     return {"plain": tokens / ms * 1000}
 
 
+def genai_round(model_dir: str, texts: list[str], n: int, threads: int) -> dict[str, float]:
+    """ONNX Runtime GenAI on its own model folder (e.g. `specrt bench --compare ortgenai`'s cached build), in a
+    child process of this script: prefill + decoding over the tokens it produced, after one warm-up."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "texts.json"
+        spec.write_text(json.dumps(texts))
+        run = subprocess.run([sys.executable, __file__, "--genai-worker", model_dir, "--prompts", str(spec),
+                              "--max-new-tokens", str(n), "--threads", str(threads)],
+                             capture_output=True, text=True, check=True)
+        return {"plain": json.loads(run.stdout.strip().splitlines()[-1])["tokens_per_second"]}
+
+
+def genai_worker(model_dir: str, texts: list[str], n: int, threads: int) -> None:
+    from specrt.measure.peers.ortgenai import OrtGenaiPeer
+    from specrt.runtime.sampling import SamplingConfig
+
+    peer, greedy = OrtGenaiPeer(Path(model_dir), threads=threads), SamplingConfig(temperature=0.0)
+    ids = [peer.encode(t) for t in texts]
+    peer.generate(ids[:1], n, greedy, 0)  # warm-up, as specrt's bench and llama.cpp's own
+    run = peer.generate(ids, n, greedy, 0)
+    print(json.dumps({"tokens_per_second": run.tokens_per_second}))
+
+
 def prompt_texts(bundle: str, prompts: list[str], chat: bool) -> list[str]:
     """What llama.cpp is given: the chat template's text (its own BOS rule applies) or the prompt itself."""
     if not chat:
@@ -62,7 +87,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", action="append", default=[], help="BUNDLE or BUNDLE=method,method")
     ap.add_argument("--gguf", action="append", default=[])
-    ap.add_argument("--llama-bin", type=Path, required=True, help="folder holding llama-completion")
+    ap.add_argument("--genai", action="append", default=[], help="an ONNX Runtime GenAI model folder, or LABEL=FOLDER")
+    ap.add_argument("--genai-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-bin", type=Path, help="folder holding llama-completion (with --gguf)")
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -72,10 +99,17 @@ def main() -> None:
     ap.add_argument("--bench-args", default="", help="more `specrt bench` options, e.g. '--gamma 2'")
     a = ap.parse_args()
     prompts = json.loads(Path(a.prompts).read_text())
+    if a.genai_worker:
+        return genai_worker(a.genai_worker, prompts, a.max_new_tokens, a.threads)
+    if a.gguf and a.llama_bin is None:
+        ap.error("--gguf needs --llama-bin")
     bundles = [b.split("=", 1) if "=" in b else (b, "none") for b in a.bundle]
     texts = prompt_texts(bundles[0][0], prompts, a.chat) if bundles else prompts
     engines = [(f"llama.cpp {Path(g).name}", lambda g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
                                                                       a.max_new_tokens, a.threads)) for g in a.gguf]
+    genai = [g.split("=", 1) if "=" in g else (Path(g).name, g) for g in a.genai]
+    engines += [(f"ONNX Runtime GenAI {label}", lambda g=g: genai_round(g, texts, a.max_new_tokens, a.threads))
+                for label, g in genai]
     extra = a.bench_args.split()
     engines += [(f"specrt {Path(b).name}", lambda b=b, m=m: specrt_round(b, m, a.prompts, a.chat, a.max_new_tokens,
                                                                           a.threads, extra)) for b, m in bundles]
