@@ -239,6 +239,7 @@ table("smollm2-compare-cpu", "smollm2-compare-cpu.json")(one_run)
 table("smollm2-eagle3-r3-cpu", "smollm2-eagle3-r3-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-int8-cpu", "smollm2-eagle3-r3-int8-cpu.json")(bench_table)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
+table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("context-scaling-cpu", "context-scaling-cpu.json")(context_scaling)
 
 
