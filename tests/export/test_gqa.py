@@ -113,3 +113,27 @@ def test_each_fused_architecture_rewrites_and_decodes_as_fused(arch, pairs, bund
     for method in ("none", "ngram"):
         assert (gqa.generate(PROMPT, max_new_tokens=24, method=method).token_ids
                 == fused.generate(PROMPT, max_new_tokens=24, method="none").token_ids), method
+
+
+def test_fp16_and_eagle_targets_rewrite_too(pairs, tmp_path):
+    """fp16 caches (the op's float16 kernel, an fp16 bias) and a target with EAGLE-3 taps beside its head."""
+    from support.models import make_tokenizer, save_eagle_head, save_model
+
+    target, draft = pairs["llama"]
+    for graph in ("gqa", "fused"):
+        export_bundle(str(target), str(draft), tmp_path / graph, ExportOptions(graph=graph, dtype="float16"))
+    gqa, fused = specrt.load(tmp_path / "gqa", threads=1), specrt.load(tmp_path / "fused", threads=1)
+    assert load_manifest(tmp_path / "gqa").target.graph == "gqa"
+    for method in ("none", "draft"):
+        assert (gqa.generate(PROMPT, max_new_tokens=24, method=method).token_ids
+                == fused.generate(PROMPT, max_new_tokens=24, method=method).token_ids), method
+    deep = save_model(tmp_path / "deep", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
+    head = save_eagle_head(tmp_path / "head", deep, seed=3, draft_vocab=240, ascending=False)
+    export_bundle(str(deep), None, tmp_path / "eagle", ExportOptions(graph="gqa"), eagle=str(head))
+    manifest = load_manifest(tmp_path / "eagle")
+    assert manifest.target.graph == "gqa" and manifest.models["eagle"].graph == "fused"
+    gen = specrt.load(tmp_path / "eagle", threads=1)
+    want = gen.generate(PROMPT, max_new_tokens=24, method="none").token_ids
+    for method in ("eagle", "eagle-tree"):
+        got = gen.generate(PROMPT, max_new_tokens=24, method=method)
+        assert got.token_ids == want and got.stats.drafted > 0, method
