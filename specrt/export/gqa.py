@@ -188,7 +188,8 @@ def _retype_io(g, dims: C.ModelDims, dtype: int) -> None:
     to present_key.N / present_value.N of the same shape (the same buffers)."""
     from onnx import helper as h
 
-    shape = ["batch", dims.num_kv_heads, "capacity", dims.head_dim]
+    specs, _ = C.decoder_io(dims, "float32", graph=C.GQA_GRAPH)  # the contract's shape; dtype is the graph's
+    shape = list(next(s.shape for s in specs if s.name == C.past_key(0)))
     for i in g.input:
         if i.name.startswith(("past_key.", "past_value.")):
             i.CopyFrom(h.make_tensor_value_info(i.name, dtype, shape))

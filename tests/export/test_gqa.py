@@ -12,6 +12,7 @@ import collections
 import numpy as np
 import onnx
 import pytest
+from support.exactness import tree_pass_logits
 
 import specrt
 from specrt.bundle import contract as C
@@ -19,7 +20,6 @@ from specrt.bundle.manifest import load_manifest
 from specrt.errors import ConfigError
 from specrt.export.bundle import ExportOptions, export_bundle
 from specrt.export.gqa import rewrite
-from specrt.runtime.masks import causal_mask
 
 PROMPT = "def fib(n):"
 
@@ -59,19 +59,7 @@ def test_gqa_and_fused_graphs_decode_the_same_tokens(gqa_bundle, close_bundle):
 
 def test_a_tree_pass_then_compaction_matches_the_fused_graph(gqa_bundle, close_bundle):
     """Branching mask over a past, then the kept path compacted and decoded from: both graphs agree."""
-    outs = []
-    for bundle in (gqa_bundle, close_bundle):
-        dec = specrt.load(bundle, threads=1).decoders["target"]
-        cache = dec.new_cache(64)
-        dec.forward(cache, np.arange(3, 9), np.arange(6), causal_mask(6, 0))
-        cache.length = 6
-        mask = causal_mask(3, 6)
-        mask[0, 0, 2, 7] = False  # node 2 is a sibling of node 1, not its child
-        tree = dec.forward(cache, np.array([5, 7, 11]), np.array([6, 7, 7]), mask).logits.copy()
-        cache.compact(6, [0, 2])  # keep nodes 0 and 2: node 2's K/V move one row left
-        after = dec.forward(cache, np.array([13]), np.array([8]), causal_mask(1, 8)).logits.copy()
-        outs.append((tree, after))
-    for a, b in zip(*outs):
+    for a, b in zip(tree_pass_logits(gqa_bundle), tree_pass_logits(close_bundle)):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
