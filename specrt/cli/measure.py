@@ -75,9 +75,9 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the time split (draft /
-    verify / prefill / host), the host work per generated token (everything outside the engines' forward calls) and,
-    for greedy runs, whether every method produced the same tokens as plain decoding; for sampled runs, every
-    method's tokens/s over greedy plain decoding's, run beside it in each repeat. Sampling settings apply to every
+    verify / prefill / host), the host work per generated token (everything outside the engines' run calls, a
+    backend's binding included) and, for greedy runs, whether every method produced the same tokens as plain
+    decoding; for sampled runs, every method's tokens/s over greedy plain decoding's, run beside it in each repeat. Sampling settings apply to every
     method alike, and to the peers of --compare, which decode from specrt's prompt ids; each method's tokens/s is
     reported over each peer's. ONNX Runtime GenAI's model is built once per checkpoint, precision and version, then
     cached.

@@ -281,7 +281,7 @@ def _aggregate(stats: list, joules: float | None = None) -> dict:
         "share_draft": draft_s / total, "share_verify": verify_s / total,
         "share_prefill": sum(s.prefill_s for s in stats) / total,
         "share_host": sum(s.other_s for s in stats) / total,
-        # Host work per token: everything outside the engines' forward calls (warping, sampling,
+        # Host work per token: everything outside the engines' run calls (binding, warping, sampling,
         # acceptance, cache bookkeeping, detokenising), across draft and target.
         "host_ms_per_token": 1000 * sum(s.host_s for s in stats) / tokens,
         "share_engine": sum(s.engine_s for s in stats) / total,

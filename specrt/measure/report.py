@@ -39,7 +39,7 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
     t.add_row("time split", "", f"prefill {st.prefill_s * 1000:.0f} ms · draft {st.draft_s * 1000:.0f} ms · "
               f"verify {st.verify_s * 1000:.0f} ms · other {st.other_s * 1000:.0f} ms")
     t.add_row("host time per token", f"{st.host_ms_per_token:.3f} ms",
-              f"outside the engines' forward calls; engines {st.engine_s * 1000:.0f} ms in all")
+              f"outside the engines' run calls (binding counts); engines {st.engine_s * 1000:.0f} ms")
     t.add_row("device→host per target pass", f"{st.d2h_bytes_per_target_pass / 1e3:.1f} KB",
               "hidden rows + logits (or their summary) copied from the GPU; 0 where outputs land in host memory")
     console = Console(stderr=True)

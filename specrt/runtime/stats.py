@@ -33,7 +33,7 @@ class StatsRecorder:
     betas: list[float] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
-    engine_s: float = 0.0  # inside the models' forward calls (set by the caller, who owns the models)
+    engine_s: float = 0.0  # inside the models' engine run calls (set by the caller, who owns the models)
     target_copied_bytes: int = 0  # device-to-host bytes of the target's outputs (set by the caller)
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -106,7 +106,7 @@ class GenerationStats:
     draft_s: float
     verify_s: float
     other_s: float  # total minus prefill, draft and verify phases
-    engine_s: float  # inside the target's and draft's forward calls
+    engine_s: float  # inside the target's and draft's engine run calls (DecoderOutput.engine_s)
     host_s: float  # everything else: warping, sampling, acceptance, cache bookkeeping, detokenising
     host_ms_per_token: float  # host_s per generated token
     d2h_bytes_per_target_pass: float  # hidden rows + logits or their summary from a GPU per target pass (0 on CPU)
