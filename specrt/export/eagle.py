@@ -363,6 +363,17 @@ class Eagle3Head(nn.Module):
 
     def step(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
         """One step from H-wide features: ``fc(taps)``, or a deeper step's previous ``hidden``."""
+        hidden, k, v = self.layer(features, embeds, position_ids, attention_mask, past_key, past_value)
+        return Eagle3Output(self.logits(hidden), hidden, k, v)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., D] of ``hidden`` [..., H] (a step's output before the final norm)."""
+        return self.lm_head(self.norm(hidden))
+
+    def layer(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``step`` without the LM head: (hidden [B, T, H], key, value). Training applies :meth:`logits` to
+        the rows it scores only, which at a 16k-id draft vocabulary is most of a step's arithmetic."""
         h = self.cfg.hidden_size
         if features.shape[-1] != h or embeds.shape[-1] != h or features.shape[:2] != embeds.shape[:2]:
             raise ConfigError(f"EAGLE-3 step: features {tuple(features.shape)} and embeds {tuple(embeds.shape)} "
@@ -376,9 +387,7 @@ class Eagle3Head(nn.Module):
             attention_mask = torch.where(attention_mask, torch.tensor(0.0, dtype=features.dtype),
                                          torch.tensor(torch.finfo(features.dtype).min, dtype=features.dtype))
         cos, sin = self.rotary(features, position_ids)
-        hidden, k, v = self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key,
-                                     past_value)
-        return Eagle3Output(self.lm_head(self.norm(hidden)), hidden, k, v)
+        return self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -153,8 +153,8 @@ def ttt_mask(seq_len: int, step: int) -> torch.Tensor:
     return torch.cat([c <= j - step] + [c == j - step + s for s in range(1, step + 1)], dim=1)
 
 
-def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth: int) -> list[torch.Tensor]:
-    """Draft logits [B, T, D] of each unrolled step 0..depth-1 over whole sequences.
+def ttt_hidden(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """The head's outputs [B, T, H] (before its final norm) of each unrolled step 0..depth-1 over whole sequences.
 
     taps [B, T, 3·H_t]: the target's at positions 0..T-1; embeds [B, T, H]: of tokens 1..T (row j reads
     token j+1). Step s > 0 feeds row j the head's step-(s-1) output of row j-1 as features (the runtime's
@@ -163,16 +163,22 @@ def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, dept
     """
     b, t = taps.shape[:2]
     positions = torch.arange(t).expand(b, t)  # row j sits at position j at every step (the chain's position)
-    out = head(taps, embeds, positions, ttt_mask(t, 0).expand(b, 1, t, t))
-    logits, keys, values = [out.logits], [out.key], [out.value]
+    hidden, key, value = head.layer(head.fuse(taps), embeds, positions, ttt_mask(t, 0).expand(b, 1, t, t))
+    hiddens, keys, values = [hidden], [key], [value]
     for s in range(1, depth):
-        features = F.pad(out.hidden[:, :-1], (0, 0, 1, 0))  # row j ← row j-1's previous-step output
+        features = F.pad(hidden[:, :-1], (0, 0, 1, 0))  # row j ← row j-1's previous-step output
         mask = ttt_mask(t, s).expand(b, 1, t, (s + 1) * t)
-        out = head.step(features, embeds, positions, mask, torch.cat(keys, dim=1), torch.cat(values, dim=1))
-        logits.append(out.logits)
-        keys.append(out.key)
-        values.append(out.value)
-    return logits
+        hidden, key, value = head.layer(features, embeds, positions, mask, torch.cat(keys, dim=1),
+                                        torch.cat(values, dim=1))
+        hiddens.append(hidden)
+        keys.append(key)
+        values.append(value)
+    return hiddens
+
+
+def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Draft logits [B, T, D] of each unrolled step (:func:`ttt_hidden`) at every row."""
+    return [head.logits(h) for h in ttt_hidden(head, taps, embeds, depth)]
 
 
 # ------------------------------------------------------------------------------------ loss and metrics
@@ -193,16 +199,23 @@ def _kl(logits: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, keep: torch
     return (kl * keep).sum(), int(keep.sum())
 
 
-def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: SequenceCache, depth: int
-              ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, int]]]:
-    """The unrolled logits, and per step s the (KL sum, rows) over rows j = r + s (root r = j - s >= 0) whose
-    target position j+1 is scored and whose target argmax has a draft id (EAGLE-3's position_mask)."""
+def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: SequenceCache, depth: int, *,
+              all_rows: bool = False) -> tuple[list[torch.Tensor] | None, list[tuple[torch.Tensor, int]]]:
+    """Per step s the (KL sum, rows) over rows j = r + s (root r = j - s >= 0) whose target position j+1 is
+    scored and whose target argmax has a draft id (EAGLE-3's position_mask). The LM head runs on those rows
+    only; ``all_rows`` also returns each step's logits [B, T, D] at every row (for acceptance), else None."""
     embeds = embed[F.pad(b.tokens[:, 1:].long(), (0, 1))]  # row j reads token j+1 (the last row: padding)
-    logits = ttt_forward(head, b.taps.float(), embeds, depth)
+    hiddens = ttt_hidden(head, b.taps.float(), embeds, depth)
     target_ok = F.pad((scored_rows(b) & t2d[b.top1.long()])[:, 1:], (0, 1))  # row j: target position j+1
     logp, ids = F.pad(b.logp[:, 1:], (0, 0, 0, 1)), F.pad(b.ids[:, 1:], (0, 0, 0, 1))
     row = torch.arange(b.tokens.shape[1])[None]
-    return logits, [_kl(lg, logp, ids, target_ok & (row >= s)) for s, lg in enumerate(logits)]
+    logits = [head.logits(h) for h in hiddens] if all_rows else None
+    kls = []
+    for s, h in enumerate(hiddens):
+        keep = target_ok & (row >= s)
+        lg = logits[s][keep] if logits is not None else head.logits(h[keep])
+        kls.append(_kl(lg, logp[keep], ids[keep], torch.ones(len(lg), dtype=torch.bool)))
+    return logits, kls
 
 
 @torch.no_grad()
@@ -226,7 +239,7 @@ def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torc
     batches = range(0, len(data), cfg.batch_size)
     for n_done, lo in enumerate(batches, 1):
         b = data.batch(range(lo, min(len(data), lo + cfg.batch_size)))
-        logits, kls = _step_kls(head, embed, t2d, b, depth)
+        logits, kls = _step_kls(head, embed, t2d, b, depth, all_rows=True)
         for s, (total, rows) in enumerate(kls):
             kl_sum[s] += float(total)
             kl_rows[s] += rows
@@ -363,7 +376,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if start:
             report("train", start, cfg.steps, None)
 
-        sampler = _Sampler(len(train), cfg.batch_size, cfg.seed)
+        sampler = _Sampler(train.length, cfg.batch_size, cfg.seed)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             head.train()
@@ -433,19 +446,31 @@ def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict |
 
 
 class _Sampler:
-    """Batches as a pure function of the step: epoch e visits the training sequences in a permutation
-    seeded by (seed, e), so a resumed run draws exactly the batches the uninterrupted one would."""
+    """Batches as a pure function of the step, so a resumed run draws exactly the batches the uninterrupted
+    one would. Epoch e takes the training sequences in a permutation seeded by (seed, e) (the remainder past
+    whole batches waits for another epoch), sorts each window of ``WINDOW`` batches' worth by length, so a
+    batch pads little (transformers' ``group_by_length``), and visits its batches in a second seeded order."""
 
-    def __init__(self, n: int, batch_size: int, seed: int) -> None:
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self._perms: dict[int, list[int]] = {}
+    WINDOW = 16
 
-    def _perm(self, epoch: int) -> list[int]:
-        if epoch not in self._perms:
+    def __init__(self, lengths: torch.Tensor, batch_size: int, seed: int) -> None:
+        self.lengths, self.batch_size, self.seed = lengths.tolist(), batch_size, seed
+        self.per_epoch = max(1, len(self.lengths) // batch_size)
+        self._epochs: dict[int, list[list[int]]] = {}
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._epochs:
+            n, size = len(self.lengths), self.batch_size
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)
-            self._perms = {epoch: torch.randperm(self.n, generator=g).tolist()}  # one epoch kept at a time
-        return self._perms[epoch]
+            order = torch.randperm(n, generator=g).tolist()
+            order = (order * -(-size // n))[:size] if n < size else order[:self.per_epoch * size]
+            width = self.WINDOW * size
+            grouped = [i for lo in range(0, len(order), width)
+                       for i in sorted(order[lo:lo + width], key=lambda i: self.lengths[i])]
+            batches = [grouped[k * size:(k + 1) * size] for k in range(self.per_epoch)]
+            self._epochs = {epoch: [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]}
+        return self._epochs[epoch]
 
     def batch(self, step: int) -> list[int]:
-        first = step * self.batch_size
-        return [self._perm(i // self.n)[i % self.n] for i in range(first, first + self.batch_size)]
+        epoch, k = divmod(step, self.per_epoch)
+        return self._epoch(epoch)[k]

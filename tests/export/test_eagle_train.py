@@ -123,6 +123,45 @@ def test_ttt_forward_equals_the_runtimes_chain():
                 hidden = step.hidden
 
 
+def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
+    """Training runs the LM head on the rows it scores only; the KL sums are those of the full logits."""
+    cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg)
+    n, t, k = 3, 10, 5
+    g = torch.Generator().manual_seed(1)
+    logp = torch.log_softmax(torch.randn(n, t, 20, generator=g), -1).topk(k, -1)
+    b = SequenceCache(tokens=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32),
+                      length=torch.tensor([10, 7, 9], dtype=torch.int32), start=torch.tensor([2, 1, 4], dtype=torch.int32),
+                      stop=torch.tensor([10, 6, 9], dtype=torch.int32), taps=torch.randn(n, t, 72, generator=g).half(),
+                      logp=logp.values.half(), ids=logp.indices.int(),
+                      top1=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32))
+    embed, t2d = torch.randn(50, 32, generator=g), torch.rand(50, generator=g) < 0.7
+    logits, kls = et._step_kls(head, embed, t2d, b, 3, all_rows=True)
+    assert logits is not None and [tuple(lg.shape) for lg in logits] == [(n, t, 20)] * 3
+    none, sparse = et._step_kls(head, embed, t2d, b, 3)
+    assert none is None
+    for (a, rows_a), (c, rows_c) in zip(kls, sparse):
+        assert rows_a == rows_c > 0
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_batches_group_similar_lengths_and_depend_on_the_step_alone():
+    lengths = torch.randint(5, 200, (203,), generator=torch.Generator().manual_seed(0))
+    sampler = et._Sampler(lengths, 4, seed=3)
+    assert sampler.per_epoch == 50
+    epoch = [sampler.batch(s) for s in range(50)]
+    seen = [i for b in epoch for i in b]
+    assert len(seen) == len(set(seen)) == 200  # an epoch visits 50 whole batches, each sequence at most once
+    spread = sum(int(lengths[b].max() - lengths[b].min()) for b in epoch) / 50
+    assert spread < 30  # random batches of 4 over lengths 5..200 spread ~100
+    again = et._Sampler(lengths, 4, seed=3)
+    assert [again.batch(s) for s in (120, 3, 51)] == [sampler.batch(s) for s in (120, 3, 51)]
+    assert et._Sampler(lengths, 4, seed=4).batch(0) != sampler.batch(0)
+    assert et._Sampler(torch.tensor([9, 3]), 4, seed=0).batch(0) == [1, 1, 0, 0]  # fewer than a batch: repeated
+
+
 def test_kl_is_exact_with_the_full_row_and_a_lower_bound_with_top_k():
     g = torch.Generator().manual_seed(0)
     logits, target = torch.randn(2, 5, 12, generator=g), torch.randn(2, 5, 12, generator=g)
@@ -155,7 +194,7 @@ def test_acceptance_counts_chains_like_the_runtime(monkeypatch):
     drafts[0][2] = 0  # root 2's first draft is wrong
     drafts[1][5] = 0  # depth 1 at row 5 (root 4) is wrong
 
-    def fake(head, embed, t2d, b, depth):
+    def fake(head, embed, t2d, b, depth, **_):
         logits = [torch.nn.functional.one_hot(torch.tensor([d]), 20).float() for d in drafts[:depth]]
         return logits, [(torch.tensor(0.0), 1)] * depth
 
