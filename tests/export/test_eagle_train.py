@@ -69,14 +69,17 @@ def pattern_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(target, tmp_path_factory):
-    """One short run on the random target, from prompts and a text file (one document per line)."""
+    """One short run on the random target, from prompts and a text file (one document per line). From a
+    random head: one started as the target's last layer already matches a random target's near-flat
+    output, so the held-out loss could not show that training generalises."""
     root = tmp_path_factory.mktemp("eagle-trained")
     text = root / "notes.txt"
     text.write_text("Speculative decoding drafts tokens cheaply.\nThe target verifies them in one pass.\n"
                     "def add(a, b):\n")
     calls = []
     out = root / "head"
-    record = train_eagle(target, out, replace(SMALL, data_format="lines"), prompts=PROMPTS, data_files=[text],
+    record = train_eagle(target, out, replace(SMALL, data_format="lines", init_from_target=False), prompts=PROMPTS,
+                         data_files=[text],
                          progress=lambda *a: calls.append(a))
     return out, record, calls
 
@@ -217,6 +220,33 @@ def test_acceptance_counts_chains_like_the_runtime(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------- data pieces
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "qwen3"])
+def test_a_fresh_head_starts_as_the_targets_last_layer(arch):
+    """Its decoder layer is the target's last one over the fused features (fc passes the last tap through),
+    and its output is the target's own: at step 0 the head maps the last tap as the target's last layer would."""
+    from support.models import FACTORIES
+
+    from specrt.export.eagle_init import head_config, new_head
+
+    torch.manual_seed(0)
+    model = FACTORIES[arch](96, 4, 64, 4, 2).eval()
+    cfg = head_config(model.config, 40)
+    targets = torch.arange(40) * 2
+    head = new_head(cfg, model, targets, seed=0, from_target=True)
+    last, mid = model.model.layers[-1], head.midlayer
+    torch.testing.assert_close(mid.mlp.down_proj.weight, last.mlp.down_proj.weight)
+    torch.testing.assert_close(mid.post_attention_layernorm.weight, last.post_attention_layernorm.weight)
+    torch.testing.assert_close(mid.hidden_norm.weight, last.input_layernorm.weight)
+    q = last.self_attn.qkv_proj.weight[:cfg.num_attention_heads * cfg.head_dim] if arch == "phi3" \
+        else last.self_attn.q_proj.weight
+    torch.testing.assert_close(mid.self_attn.q_proj.weight[:, 64:], q)
+    torch.testing.assert_close(head.lm_head.weight, model.get_output_embeddings().weight[targets])
+    taps = torch.randn(1, 3, 3 * 64)
+    torch.testing.assert_close(head.fuse(taps), taps[..., 128:])  # the last tap, as it is
+    plain = new_head(cfg, model, targets, seed=0, from_target=False)
+    assert not torch.equal(plain.midlayer.mlp.down_proj.weight, last.mlp.down_proj.weight)
 
 
 def test_draft_vocab_is_the_most_frequent_predicted_tokens_plus_the_end_ids():
@@ -383,7 +413,7 @@ def test_a_warm_start_keeps_the_heads_vocabulary_and_starts_where_it_ended(patte
     the new data), keeps its draft vocabulary even where the new data would choose another, and trains on."""
     first = train_eagle(pattern_target, tmp_path / "first", replace(SMALL, steps=40, draft_vocab=None),
                         prompts=PROMPTS)
-    cfg = replace(SMALL, steps=10, draft_vocab=16, seed=1, init=str(tmp_path / "first"))
+    cfg = replace(SMALL, steps=10, lr=1e-3, draft_vocab=16, seed=1, init=str(tmp_path / "first"))
     record = train_eagle(pattern_target, tmp_path / "second", cfg, prompts=PROMPTS[::-1])
     assert record["draft_vocab_size"] == first["draft_vocab_size"] == 288  # not the 16 asked
     assert record["config"]["init"] == str(tmp_path / "first")
