@@ -81,12 +81,17 @@ class ServeConfig:
 
 def model_id(gen: Any, config: ServeConfig) -> str:
     """The id clients pass as ``model``: ``--model-name``, else the bundle folder's name."""
+    return bundle_model_id(gen.bundle, config)
+
+
+def bundle_model_id(bundle: str | Path | None, config: ServeConfig) -> str:
+    """:func:`model_id` before the bundle is loaded (``None``: the demo bundle)."""
     if config.model_name:
         return config.model_name
     from ..demo import BUNDLE
 
-    bundle = Path(gen.bundle).resolve()
-    return "specrt-demo" if bundle == BUNDLE.resolve() else bundle.name
+    folder = Path(bundle if bundle is not None else BUNDLE).resolve()
+    return "specrt-demo" if folder == BUNDLE.resolve() else folder.name
 
 
 def is_loopback(host: str) -> bool:
@@ -98,7 +103,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _error(e: ApiError) -> JSONResponse:
+def authorize(request: Request, api_key: str | None) -> None:
+    """Raise the 401 unless ``api_key`` is unset or the request carries it as a bearer token."""
+    if api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or the 413 when it is larger than ``limit`` bytes."""
+    too_large = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > DRAIN_FACTOR * limit:
+        raise too_large
+    body, size = bytearray(), 0
+    async for part in request.stream():
+        size += len(part)
+        if size > DRAIN_FACTOR * limit:
+            break
+        if size <= limit:
+            body += part
+    if size > limit:
+        raise too_large
+    return bytes(body)
+
+
+def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
@@ -161,40 +195,20 @@ class _EventStream(StreamingResponse):
                 self.on_end(completed)
 
 
-def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
+def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = "0",
+               metrics: ServeMetrics | None = None) -> Starlette:
     """The Starlette app serving ``gen`` (a loaded :class:`~specrt.runtime.generator.SpeculativeGenerator`).
 
-    The generator's worker thread starts and stops with the app's lifespan."""
-    metrics = ServeMetrics()
+    ``replica`` names this copy of the app in every answer's ``specrt`` object and in ``/health`` (on Ray Serve:
+    the replica's id; one process: "0"). The generator's worker thread starts and stops with the app's lifespan."""
+    metrics = metrics if metrics is not None else ServeMetrics()
     scheduler = Scheduler(gen, config.max_queue, metrics, config.options)
     model = model_id(gen, config)
     has_template = gen.manifest.tokenizer.chat_template is not None
     created = int(time.time())
 
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
     async def read_json(request: Request) -> Any:
-        limit = config.max_body_bytes
-        too_large = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes",
-                             code="request_too_large")
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > DRAIN_FACTOR * limit:
-            raise too_large
-        body, size = bytearray(), 0
-        async for part in request.stream():
-            size += len(part)
-            if size > DRAIN_FACTOR * limit:
-                break
-            if size <= limit:
-                body += part
-        if size > limit:
-            raise too_large
+        body = await read_body(request, config.max_body_bytes)
         try:
             return json.loads(body)
         except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
@@ -206,10 +220,10 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
         async def wrapped(request: Request) -> Response:
             t0 = request.state.arrived = time.perf_counter()
             try:
-                authorize(request)
+                authorize(request, config.api_key)
                 response = await handler(request)
             except ApiError as e:
-                response = _error(e)
+                response = error_response(e)
             except ClientDisconnect:
                 response = _Disconnected()
             if not isinstance(response, _EventStream):  # a stream records itself when it ends
@@ -256,7 +270,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
             end = await _first(finished(job), disconnected)
             if end is None:
                 return _Disconnected()
-            return JSONResponse(protocol.response(req, rid, model, end.result, first.prompt_tokens))
+            return JSONResponse(protocol.response(req, rid, model, end.result, first.prompt_tokens, replica))
         finally:
             if not streaming:
                 scheduler.cancel(job)
@@ -281,7 +295,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
             elif isinstance(event, Finished):
                 result = event.result
                 last = protocol.chunk(req, rid, model, finish=protocol.FINISH[result.finish_reason])
-                last["specrt"] = protocol.extension(result.stats)
+                last["specrt"] = protocol.extension(result.stats, replica)
                 yield _sse(last)
                 if req.include_usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
                     tail = protocol.chunk(req, rid, model)
@@ -314,7 +328,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model, "queue_depth": scheduler.depth,
-                             "max_queue": config.max_queue, "busy": scheduler.busy})
+                             "max_queue": config.max_queue, "busy": scheduler.busy, "replica": replica})
 
     async def prometheus(request: Request) -> Response:
         body, content_type = metrics.render()
@@ -322,11 +336,11 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig()) -> Starlette:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _error(ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
+        return error_response(ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
 
     async def server_error(request: Request, exc: Exception) -> Response:
         # Starlette re-raises after this answer, so uvicorn logs the traceback; the client gets none.
-        return _error(ApiError(500, "internal server error (details are in the server log)"))
+        return error_response(ApiError(500, "internal server error (details are in the server log)"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -360,18 +374,27 @@ def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str],
 
     On the signal uvicorn stops accepting, lets in-flight requests finish for ``drain_timeout_s`` and
     cancels the rest; then the app's lifespan stops the generator thread."""
-    import uvicorn
-
     # One short generation before the port opens: a method the bundle cannot run (medusa without heads,
     # draft without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid.
     gen.generate("Hello", config.options, max_new_tokens=2)
+    app = create_app(gen, config)
+    if announce is not None:
+        announce(f"serving {app.state.model!r} ({gen.resolve_method(config.method)}) at {base_url(config)}")
+    serve_http(app, config)
+
+
+def base_url(config: ServeConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{config.port}/v1"
+
+
+def serve_http(app: Any, config: ServeConfig) -> None:
+    """Run the ASGI ``app`` on ``config.host:config.port`` until SIGTERM or Ctrl+C, then drain as :func:`run` says."""
+    import uvicorn
+
     if not is_loopback(config.host) and config.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
                     config.host)
-    app = create_app(gen, config)
-    if announce is not None:
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        announce(f"serving {app.state.model!r} ({gen.resolve_method(config.method)}) at http://{host}:{config.port}/v1")
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"))
     # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:

@@ -189,15 +189,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def extension(stats: Any) -> dict[str, Any]:
-    """The ``specrt`` object every final response carries: what speculation did for this request."""
-    return {"method": stats.method, "drafted": stats.drafted, "accepted": stats.accepted,
+def extension(stats: Any, replica: str | None = None) -> dict[str, Any]:
+    """The ``specrt`` object every final response carries: what speculation did for this request, and which
+    replica did it."""
+    return {"replica": replica, "method": stats.method, "drafted": stats.drafted, "accepted": stats.accepted,
             "acceptance_rate": stats.acceptance_rate, "alpha": stats.alpha_estimate,
             "target_passes": stats.target_passes, "tokens_per_target_pass": stats.tokens_per_target_pass,
             "tokens_per_second": stats.tokens_per_second}
 
 
-def response(req: GenerationRequest, rid: str, model: str, result: Any, prompt_tokens: int) -> dict[str, Any]:
+def response(req: GenerationRequest, rid: str, model: str, result: Any, prompt_tokens: int,
+             replica: str | None = None) -> dict[str, Any]:
     """The non-streaming body of a finished generation (``result``: a ``GenerationResult``)."""
     finish = FINISH[result.finish_reason]
     if req.is_chat:
@@ -206,7 +208,7 @@ def response(req: GenerationRequest, rid: str, model: str, result: Any, prompt_t
     else:
         obj, choice = "text_completion", {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
     return {"id": rid, "object": obj, "created": req.created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, len(result.token_ids)), "specrt": extension(result.stats)}
+            "usage": usage(prompt_tokens, len(result.token_ids)), "specrt": extension(result.stats, replica)}
 
 
 def chunk(req: GenerationRequest, rid: str, model: str, text: str | None = None, *, first: bool = False,

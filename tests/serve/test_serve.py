@@ -6,17 +6,13 @@ checked). The demo bundle serves completions; the chat endpoint uses conftest's 
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -25,127 +21,20 @@ openai = pytest.importorskip("openai", reason="needs the dev extra (the OpenAI c
 
 from click.testing import CliRunner  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from support.servers import ROOT, Server, free_port, open_stream, read_events  # noqa: E402
 
 import specrt  # noqa: E402
 from specrt.cli import main  # noqa: E402
 from specrt.serve.protocol import FINISH  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = "specrt-demo"
 LONG_PROMPT = "def fib(n):"  # greedy on the demo runs the full 1000 tokens (no EOS): ~7-10 s on 2 cores
 KEY = "test-key-123"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A `specrt serve` subprocess on 127.0.0.1."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp_path / f"serve-{self.port}.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specrt.cli", "serve", "--port", str(self.port), "--threads", "1",
-                 "--log-level", "warning", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"the server did not answer /health in time:\n{self.log.read_text()}")
-
-    def client(self, api_key: str = "none", **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
-
-    def connect(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-
-    def request(self, method: str, path: str, body: bytes | dict | None = None,
-                headers: dict | None = None) -> tuple[int, dict, bytes]:
-        conn = self.connect()
-        try:
-            data = json.dumps(body).encode() if isinstance(body, dict) else body
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-        finally:
-            conn.close()
-
-    def get(self, path: str) -> tuple[int, dict, bytes]:
-        return self.request("GET", path)
-
-    def health(self) -> dict:
-        return json.loads(self.get("/health")[2])
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        """Every sample as {(name, sorted labels): value}."""
-        text = self.get("/metrics")[2].decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def wait_for(self, predicate, what: str, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; health: {self.health()}")
-            time.sleep(0.05)
-
-    def terminate(self) -> None:
-        """SIGTERM once: the server's graceful stop. A second one while it drains would be a forced stop."""
-        if not getattr(self, "_terminated", False):
-            self._terminated = True
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.terminate()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"the server did not stop within {timeout} s:\n{self.log.read_text()}") from None
-
-
 def _stopped_cleanly(server: Server) -> None:
     rc = server.stop()
     assert rc == 0, f"exit code {rc}:\n{server.log.read_text()}"
-
-
-def open_stream(server: Server, body: dict, headers: dict | None = None) -> http.client.HTTPConnection:
-    """Send a streaming request and leave its answer unread (the caller reads it, or closes to disconnect)."""
-    conn = server.connect()
-    conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}).encode(),
-                 headers={"Content-Type": "application/json", **(headers or {})})
-    return conn
-
-
-def read_events(resp: http.client.HTTPResponse) -> list:
-    """The data of every server-sent event up to [DONE] (or the end of the body)."""
-    events = []
-    try:
-        for line in resp:
-            line = line.strip()
-            if line.startswith(b"data: "):
-                data = line[len(b"data: "):]
-                if data == b"[DONE]":
-                    events.append("[DONE]")
-                    break
-                events.append(json.loads(data))
-    except (http.client.IncompleteRead, ConnectionError):  # a stream the server cut: what came is the answer
-        pass
-    return events
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +57,8 @@ SAMPLED = dict(temperature=0.8, top_p=0.9, top_k=40, seed=11)
 def test_models_and_health(server):
     assert [m.id for m in server.client().models.list().data] == [DEMO]
     assert server.client().models.retrieve(DEMO).id == DEMO
-    assert server.health() == {"status": "ok", "model": DEMO, "queue_depth": 0, "max_queue": 16, "busy": False}
+    assert server.health() == {"status": "ok", "model": DEMO, "queue_depth": 0, "max_queue": 16, "busy": False,
+                               "replica": "0"}
 
 
 def test_seeded_completion_equals_generate(server, demo_gen):
@@ -185,6 +75,7 @@ def test_seeded_completion_equals_generate(server, demo_gen):
     assert (ext["accepted"], ext["drafted"]) == (expected.stats.accepted, expected.stats.drafted)
     assert ext["tokens_per_target_pass"] == pytest.approx(expected.stats.tokens_per_target_pass)
     assert ext["alpha"] == pytest.approx(expected.stats.alpha_estimate) and ext["method"] == "draft"
+    assert ext["replica"] == "0"  # one process: one replica
 
 
 def test_seeded_stream_equals_generate(server, demo_gen):
@@ -419,7 +310,7 @@ def test_an_exception_in_one_request_is_a_500_and_the_server_serves_on(demo_gen)
 
     from specrt.serve import ServeConfig, create_app
 
-    port = _free_port()
+    port = free_port()
     app = create_app(_Faulty(demo_gen), ServeConfig(port=port))
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="on"))
     thread = threading.Thread(target=uv.run, daemon=True)
