@@ -31,6 +31,10 @@ class ParityError(SpecrtError):
     """ONNX Runtime output differs from PyTorch beyond the declared tolerance."""
 
 
+class ClusterError(SpecrtError):
+    """A Ray cluster could not be reached, or could not place or start the serving replicas."""
+
+
 class ContextLengthError(SpecrtError):
     """A generation would need more positions than the bundle's max context."""
 
