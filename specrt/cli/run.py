@@ -130,11 +130,24 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @low_memory_option
+@click.option("--replicas", type=int, metavar="N",
+              help="Serve N copies of the bundle on Ray Serve (`pip install 'specrt[cluster]'`), on a local Ray "
+                   "instance unless --ray-address: this process is their HTTP entry.")
+@click.option("--min-replicas", type=int, metavar="N",
+              help="With --max-replicas instead of --replicas: autoscale on queue depth between the two.")
+@click.option("--max-replicas", type=int, metavar="N")
+@click.option("--ray-address", metavar="ADDR",
+              help="Join a running Ray cluster (its head's host:port, or 'auto' on one of its nodes) instead of "
+                   "starting one. --bundle must be the same path on every node.")
+@click.option("--replica-gpus", type=float, default=0.0, show_default=True, metavar="G",
+              help="GPUs each replica holds (1: a device of its own). Each replica holds --threads CPUs (1 when "
+                   "unset).")
 def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, draft_stop: float, tree_shape: str,
           eagle_tree: str,
           max_queue: int,
           api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
-          threads: int | None, log_level: str, low_memory: bool | None) -> None:
+          threads: int | None, log_level: str, low_memory: bool | None, replicas: int | None,
+          min_replicas: int | None, max_replicas: int | None, ray_address: str | None, replica_gpus: float) -> None:
     """Serve the bundle with OpenAI's HTTP API (needs `pip install 'specrt[serve]'`).
 
     \b
@@ -149,12 +162,18 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
     One generator serves requests in arrival order (batch size 1); temperature, top_p, top_k, seed, max_tokens and
     stop are per request. SIGTERM lets in-flight requests finish (--drain-timeout), then exits 0.
 
+    With --replicas (or --min/--max-replicas, or --ray-address) the same API runs on Ray Serve replicas, one
+    generator each: a request whose replica dies before answering goes to another, a stream whose replica dies ends
+    with an error event, and Ray restarts the replica.
+
     \b
     Examples:
       specrt serve                                    # the demo bundle on http://127.0.0.1:8000/v1
       SPECRT_API_KEY=secret specrt serve --bundle bundle --host 0.0.0.0 --port 8080 --gamma auto
       curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "specrt-demo", "prompt": "def fib(n):", "max_tokens": 64, "stream": true}'
+      specrt serve --replicas 2 --threads 1           # two replicas on a local Ray instance
+      specrt serve --ray-address auto --min-replicas 1 --max-replicas 4 --bundle /srv/bundle --host 0.0.0.0
     """
     try:
         from ..serve import ServeConfig
@@ -168,5 +187,17 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
                          max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)
-    gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory)
-    serve_forever(gen, config, announce=lambda line: click.echo(line, err=True))
+    announce = functools.partial(click.echo, err=True)
+    if replicas is None and min_replicas is None and max_replicas is None and ray_address is None:
+        gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory)
+        serve_forever(gen, config, announce=announce)
+        return
+    from ..serve.app import bundle_model_id
+    from ..serve.cluster import ClusterConfig, run_cluster
+
+    if replicas is not None and (min_replicas is not None or max_replicas is not None):
+        raise click.UsageError("give --replicas N, or --min-replicas and --max-replicas to autoscale, not both")
+    cluster = ClusterConfig(replicas=1 if replicas is None else replicas, min_replicas=min_replicas,
+                            max_replicas=max_replicas, address=ray_address, cpus=float(threads or 1), gpus=replica_gpus)
+    run_cluster(bundle, {"backend": backend, "threads": threads, "low_memory": low_memory}, config, cluster,
+                bundle_model_id(bundle, config), announce=announce)
