@@ -318,7 +318,8 @@ def _connect(ray: Any, cluster: ClusterConfig, log_level: str) -> None:
         ray.init(address=cluster.address, **quiet)
     except (ConnectionError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        # Ray >= 2.52 starts clusters with token authentication; a driver sends the token only when told to.
+        # A cluster with token authentication refuses a driver without the token, which Ray sends only when
+        # RAY_AUTH_MODE=token (ray.init's own local instances turn it on by themselves).
         hint = (" (token authentication: set RAY_AUTH_MODE=token and put the cluster's token in ~/.ray/auth_token "
                 "or RAY_AUTH_TOKEN)" if "GCS" in first or "auth" in first.lower() else "")
         raise ClusterError(f"cannot join the Ray cluster at {cluster.address}: {first}{hint}") from None
