@@ -271,14 +271,20 @@ class Ingress:
                             code="replica_lost")
             await send({"type": "http.response.body", "body": _sse(lost.body()), "more_body": False})
             return True
-        except BackPressureError:
-            if started:
-                raise
+        except BackPressureError:  # raised before any replica took the request
             await send_error(send, ApiError(429, "every replica's queue is full: retry later", code="queue_full",
                                             type="rate_limit_error", headers={"Retry-After": "1"}))
             return True
         except OSError:  # the client went away while we wrote to it
             answer.cancel()
+            return True
+        except Exception:  # one request's failure must not reach uvicorn's plain-text 500: log it, answer in kind
+            log.exception("relaying a request failed")
+            error = ApiError(500, "internal error while relaying the request (details are in the server log)")
+            if started:
+                await send({"type": "http.response.body", "body": _sse(error.body()), "more_body": False})
+            else:
+                await send_error(send, error)
             return True
 
 
