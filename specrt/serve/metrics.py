@@ -42,7 +42,8 @@ class _Mirrored:
 
     def inc(self, value: float = 1.0) -> None:
         self.local.inc(value)
-        self.remote.inc(value, tags=self.tags)
+        if value:  # Ray's counters refuse 0 (a generation that accepted no drafted token), prometheus_client's not
+            self.remote.inc(value, tags=self.tags)
 
     def set(self, value: float) -> None:
         self.local.set(value)

@@ -149,6 +149,20 @@ def test_an_unreachable_ray_address_is_one_line_at_once():
     assert res.output.count("\n") == 1 and time.monotonic() - t0 < 10  # ray.init alone would retry for minutes
 
 
+def test_a_generation_that_accepts_nothing_records_into_rays_export(gen):
+    """Ray's counters refuse inc(0), where prometheus_client's take it: on a replica, a request whose generation
+    accepted no drafted token failed with a 500 (the soak found it)."""
+    from specrt.serve.cluster import _ray_metric
+    from specrt.serve.metrics import ServeMetrics
+
+    result = gen.generate("x", max_new_tokens=1)
+    assert result.stats.accepted == 0
+    metrics = ServeMetrics(mirror=_ray_metric)
+    metrics.record(1, result)
+    assert metrics.registry.get_sample_value("specrt_accepted_tokens_total") == 0
+    assert metrics.registry.get_sample_value("specrt_generated_tokens_total") == 1
+
+
 # --- two replicas on the cluster -----------------------------------------------------------------------------------
 
 def test_completions_and_chat_equal_generate(server, gen):
