@@ -154,6 +154,7 @@ class Replica:
             sent.put_nowait(message)
 
         app = asyncio.ensure_future(self.app(scope, receive, send))
+        got: asyncio.Future | None = None
         try:
             while True:
                 got = asyncio.ensure_future(sent.get())
@@ -168,6 +169,8 @@ class Replica:
                 if app.done() and sent.empty():
                     break
         finally:
+            if got is not None:  # left waiting when the ingress went away: asyncio warns of a task destroyed pending
+                got.cancel()
             gone.set()  # the ingress went away (this call was cancelled) or the answer is complete
             if not app.done():
                 await asyncio.wait({app}, timeout=5.0)
@@ -242,7 +245,8 @@ class Ingress:
                 step = asyncio.ensure_future(answer.__anext__())
                 await asyncio.wait({step, disconnected}, return_when=asyncio.FIRST_COMPLETED)
                 if not step.done():  # the client left: the replica's app sees the cancel as its disconnect
-                    step.cancel()
+                    step.cancel()  # it ends in Ray's RequestCancelledError: taken here, not logged as unretrieved
+                    step.add_done_callback(lambda f: f.cancelled() or f.exception())
                     answer.cancel()
                     return True
                 try:
