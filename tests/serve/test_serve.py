@@ -21,6 +21,7 @@ openai = pytest.importorskip("openai", reason="needs the dev extra (the OpenAI c
 
 from click.testing import CliRunner  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from support import soak  # noqa: E402
 from support.servers import ROOT, Server, free_port, open_stream, read_events  # noqa: E402
 
 import specrt  # noqa: E402
@@ -274,6 +275,31 @@ def test_full_queue_429_and_disconnects_free_the_slot(tight, demo_gen):
     assert delta("specrt_requests_total", (("endpoint", "completions"), ("status", "disconnected"))) == 2
     assert delta("specrt_requests_total", (("endpoint", "completions"), ("status", "429"))) == 1
     assert delta("specrt_generated_tokens_total") == 12
+
+
+# --- the soak (tests/support/soak.py; the same against the Ray replicas in test_cluster.py) ------------------
+
+def test_soak_320_mixed_requests_lose_nothing_and_leak_nothing(tmp_path):
+    """320 requests from 8 clients on a bundle serving completions and chat: each ends in its exact answer or the
+    error it provoked; the clients that leave have their generations cancelled; the process's RSS stays put."""
+    bundle = soak.chat_demo(tmp_path / "demo-chat")
+    reference = soak.Reference(specrt.load(bundle, threads=1))
+    s = Server(tmp_path, "--bundle", str(bundle), "--api-key", KEY)
+    try:
+        soak.check(soak.run_soak(s, reference, "demo-chat", KEY, soak.plan(32, seed=1)))  # warm-up: every path
+        rss, before = soak.rss_bytes(s.proc.pid), s.metrics()
+        report = soak.run_soak(s, reference, "demo-chat", KEY, soak.plan(320, seed=2))
+        soak.wait_idle(s, replicas=1)
+        growth, after = soak.rss_bytes(s.proc.pid) / rss - 1, s.metrics()
+    finally:
+        _stopped_cleanly(s)
+    print(f"soak, one process: {report.summary()}; RSS {rss / 2**20:.0f} MiB, {growth:+.1%}")
+    soak.check(report)  # one process: no error for any good request
+    assert report.count()["exact"] >= 200 and report.wall_s < 120, report.summary()
+    left = sum(o.job.kind == "leave" and o.job.streamed for o in report.outcomes)
+    cancelled = ("specrt_generations_total", (("finish", "cancelled"),))
+    assert after[cancelled] - before.get(cancelled, 0) >= left  # each stream that lost its client stopped early
+    assert growth < 0.10, f"RSS grew {growth:.1%} over the soak"
 
 
 # --- one failing request, in-process (a broken generator is not something a real bundle offers on cue) ----------
