@@ -212,6 +212,17 @@ def context_scaling(data: dict) -> str:
     return _md(["engine, weights", *(f"{n} positions" for n in ctx), f"{ctx[-1]} vs {ctx[0]}"], rows)
 
 
+def serve_replicas(data: dict) -> str:
+    """benchmarks/serve_replicas.py: `specrt serve` as one process, 1 and 2 Ray replicas, the same streaming load;
+    medians over rounds, tokens/s against 1 replica."""
+    o, base = data["options"], data["configs"]["ray-1"]["tokens_per_second"]
+    return _md(["host", f"tokens/s ({o['clients']} streaming clients)", "vs 1 replica", "time to first token p50",
+                "p95"],
+               [[c["label"], _f(c["tokens_per_second"], ".0f"), _x(c["tokens_per_second"] / base),
+                 f"{1000 * c['ttft_p50_s']:.0f} ms", f"{1000 * c['ttft_p95_s']:.0f} ms"]
+                for c in data["configs"].values()])
+
+
 table("demo-cpu", "demo-cpu.json")(headline)
 table("demo-cpu-full", "demo-cpu.json")(bench_table)
 table("demo-cpu-roofline", "demo-cpu.json")(roofline)
