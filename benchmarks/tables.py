@@ -223,6 +223,9 @@ def serve_replicas(data: dict) -> str:
                 for c in data["configs"].values()])
 
 
+table("serve-replicas-cpu", "serve-replicas-cpu.json")(serve_replicas)
+
+
 table("demo-cpu", "demo-cpu.json")(headline)
 table("demo-cpu-full", "demo-cpu.json")(bench_table)
 table("demo-cpu-roofline", "demo-cpu.json")(roofline)
