@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray", reason="needs the cluster extra: pip install -e
 
 from click.testing import CliRunner  # noqa: E402
 from support import soak  # noqa: E402
-from support.servers import ROOT, Server, free_port, read_events  # noqa: E402
+from support.servers import ROOT, Server, free_port, hide_modules, read_events  # noqa: E402
 
 import specrt  # noqa: E402
 from specrt.cli import main  # noqa: E402
@@ -111,8 +111,7 @@ def _one_line_error(res: subprocess.CompletedProcess) -> str:
 # --- the CLI without Ray, and before Ray --------------------------------------------------------------------------
 
 def test_replicas_without_the_cluster_extra_say_what_to_install(monkeypatch):
-    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")] + ["ray"]:
-        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing it raises ImportError
+    hide_modules(monkeypatch, "ray")
     res = CliRunner().invoke(main, ["serve", "--replicas", "2"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert res.output.strip().splitlines() == [

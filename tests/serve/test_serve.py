@@ -22,7 +22,7 @@ openai = pytest.importorskip("openai", reason="needs the dev extra (the OpenAI c
 from click.testing import CliRunner  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from support import soak  # noqa: E402
-from support.servers import ROOT, Server, free_port, open_stream, read_events  # noqa: E402
+from support.servers import ROOT, Server, free_port, hide_modules, open_stream, read_events  # noqa: E402
 
 import specrt  # noqa: E402
 from specrt.cli import main  # noqa: E402
@@ -451,8 +451,7 @@ def test_cli_help_teaches_serve():
 def test_cli_without_the_serve_extra_says_what_to_install(monkeypatch):
     for name in [m for m in sys.modules if m == "specrt.serve" or m.startswith("specrt.serve.")]:
         monkeypatch.delitem(sys.modules, name)
-    for name in [m for m in sys.modules if m == "starlette" or m.startswith("starlette.")] + ["starlette"]:
-        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing it raises ImportError
+    hide_modules(monkeypatch, "starlette")
     # --max-queue -1 is refused right after the import: should the import pass, no server starts here.
     res = CliRunner().invoke(main, ["serve", "--max-queue", "-1"])
     assert res.exit_code == 1 and "Traceback" not in res.output

@@ -123,3 +123,10 @@ def read_events(resp: http.client.HTTPResponse) -> list:
     except (http.client.IncompleteRead, ConnectionError):  # a stream the server cut: what came is the answer
         pass
     return events
+
+
+def hide_modules(monkeypatch, *packages: str) -> None:
+    """Make each package (and its submodules) import as if it were not installed: importing raises ImportError."""
+    for package in packages:
+        for name in [m for m in sys.modules if m == package or m.startswith(package + ".")] + [package]:
+            monkeypatch.setitem(sys.modules, name, None)
