@@ -374,13 +374,17 @@ def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str],
 
     On the signal uvicorn stops accepting, lets in-flight requests finish for ``drain_timeout_s`` and
     cancels the rest; then the app's lifespan stops the generator thread."""
-    # One short generation before the port opens: a method the bundle cannot run (medusa without heads,
-    # draft without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid.
-    gen.generate("Hello", config.options, max_new_tokens=2)
+    warm_up(gen, config)
     app = create_app(gen, config)
     if announce is not None:
         announce(f"serving {app.state.model!r} ({gen.resolve_method(config.method)}) at {base_url(config)}")
     serve_http(app, config)
+
+
+def warm_up(gen: Any, config: ServeConfig) -> None:
+    """One short generation before requests come: a method the bundle cannot run (medusa without heads, draft
+    without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid."""
+    gen.generate("Hello", config.options, max_new_tokens=2)
 
 
 def base_url(config: ServeConfig) -> str:

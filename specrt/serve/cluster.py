@@ -40,6 +40,7 @@ from .app import (
     error_response,
     read_body,
     serve_http,
+    warm_up,
 )
 from .metrics import ServeMetrics
 from .protocol import ApiError
@@ -123,7 +124,7 @@ class Replica:
         from .. import load as load_bundle
 
         gen = load_bundle(bundle, **load)  # resolved on this node: a BundleError here fails the deployment
-        gen.generate("Hello", config.options, max_new_tokens=2)  # the warm-up of run(): bad methods fail here too
+        warm_up(gen, config)
         self.id = serve.get_replica_context().replica_id.unique_id
         self.app = create_app(gen, config, replica=self.id, metrics=ServeMetrics(mirror=_ray_metric))
         self._lifespan = self.app.router.lifespan_context(self.app)
