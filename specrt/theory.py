@@ -2,9 +2,14 @@
 
 alpha: acceptance rate, E over prefixes of beta = sum_x min(p(x), q(x)).
 gamma: drafted tokens per target pass.  c: cost of one draft step / cost of one target pass.
+verify cost v(r): a target pass over r rows / one over a single row. The paper takes v = 1 (a pass is
+memory-bound); on a CPU, and for quantized kernels, extra rows cost time (docs/performance/verify-cost-cpu.md),
+so a pass of gamma + 1 rows costs v(gamma + 1) and the best gamma is shorter.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -24,19 +29,41 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def speedup(alpha: float, gamma: int, c: float) -> float:
-    """Expected wall-time improvement over plain decoding: expected_tokens / (gamma * c + 1)."""
+def verify_cost_at(costs: Sequence[float] | None, rows: int) -> float:
+    """v(rows) from a measured curve ``costs`` (``costs[r - 1]``: r rows against one; None: v = 1, the paper's
+    memory-bound pass); past the curve's end, the line through its last two points."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    if not costs:
+        return 1.0
+    if rows <= len(costs):
+        return float(costs[rows - 1])
+    slope = costs[-1] - costs[-2] if len(costs) > 1 else 0.0
+    return float(costs[-1] + max(slope, 0.0) * (rows - len(costs)))
+
+
+def speedup(alpha: float, gamma: int, c: float, verify_costs: Sequence[float] | None = None) -> float:
+    """Expected wall-time improvement over plain decoding: expected_tokens / (gamma * c + v(gamma + 1)),
+    with v = 1 unless a measured curve ``verify_costs`` (:func:`verify_cost_at`) is given."""
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
-    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+    return expected_tokens(alpha, gamma) / (gamma * c + verify_cost_at(verify_costs, gamma + 1))
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_costs: Sequence[float] | None = None) -> int:
     """The integer gamma in [1, max_gamma] that maximises :func:`speedup` (smallest one on ties)."""
     if max_gamma < 1:
         raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
-    gains = [speedup(alpha, g, c) for g in range(1, max_gamma + 1)]
+    gains = [speedup(alpha, g, c, verify_costs) for g in range(1, max_gamma + 1)]
     return int(np.argmax(gains)) + 1
+
+
+def verify_costs_from_times(seconds: Sequence[float]) -> tuple[float, ...]:
+    """A verify-cost curve from pass times at 1, 2, ... rows: each over the 1-row time, never below the
+    curve before it (more rows never cost less; a lower figure is the machine's noise)."""
+    if not seconds or seconds[0] <= 0:
+        raise ValueError("need a positive 1-row time first")
+    return tuple(float(v) for v in np.maximum.accumulate(np.asarray(seconds, np.float64) / seconds[0]))
 
 
 def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:

@@ -81,3 +81,37 @@ def test_ops_factor_and_oracle_against_the_paper():
 def test_ops_factor_and_oracle_reject_bad_values(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+def test_verify_cost_curve_reads_and_extrapolates():
+    costs = (1.0, 1.2, 1.5, 1.9)
+    assert theory.verify_cost_at(None, 7) == 1.0  # the paper's memory-bound pass
+    assert theory.verify_cost_at(costs, 1) == 1.0 and theory.verify_cost_at(costs, 3) == 1.5
+    assert theory.verify_cost_at(costs, 6) == pytest.approx(1.9 + 2 * 0.4)  # the last two points' line
+    assert theory.verify_cost_at((1.0, 1.3, 1.2), 5) == 1.2  # a falling tail is not extended downwards
+    with pytest.raises(ValueError):
+        theory.verify_cost_at(costs, 0)
+
+
+def test_speedup_with_verify_costs_divides_by_the_pass_it_pays():
+    costs = (1.0, 1.21, 1.57, 1.71)
+    assert theory.speedup(0.53, 2, 0.23, costs) == pytest.approx(theory.expected_tokens(0.53, 2) / (0.46 + 1.57))
+    assert theory.speedup(0.8, 3, 0.1, (1.0,) * 4) == theory.speedup(0.8, 3, 0.1)
+
+
+def test_costly_rows_shorten_the_optimal_gamma():
+    # the SmolLM2 int8 bundle's measured curve: a chain of one, where the memory-bound assumption asks for 3
+    int8 = (1.0, 1.21, 1.57, 1.71, 2.0, 2.17, 2.51, 2.75, 3.03)
+    assert theory.optimal_gamma(0.6, 0.1) == 3
+    assert theory.optimal_gamma(0.6, 0.1, verify_costs=int8) == 1
+    flat = (1.0, 1.1, 1.21, 1.21, 1.25, 1.35, 1.59, 1.8, 1.8)  # its fp32 bundle: near-free rows up to six
+    assert theory.optimal_gamma(0.75, 0.05, 16, flat) == 4
+    for alpha, c in [(0.5, 0.1), (0.8, 0.05), (0.95, 0.01)]:
+        g = theory.optimal_gamma(alpha, c, 16, int8)
+        assert g == max(range(1, 17), key=lambda k: (theory.speedup(alpha, k, c, int8), -k))
+
+
+def test_verify_costs_from_times_is_relative_and_never_falls():
+    assert theory.verify_costs_from_times([0.010, 0.012, 0.011, 0.015]) == pytest.approx((1.0, 1.2, 1.2, 1.5))
+    with pytest.raises(ValueError):
+        theory.verify_costs_from_times([])
