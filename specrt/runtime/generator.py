@@ -13,6 +13,7 @@ from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .cached import CachedModel
+from .costs import measure_verify_costs
 from .drafters import METHODS, Drafter, DrafterContext
 from .loop import ChainStepper, DecodeState, TreeStepper, decode
 from .options import AUTO, DecodeOptions
@@ -138,6 +139,7 @@ class SpeculativeGenerator:
         self._vocab_map: np.ndarray | None = None
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
+        self._verify_costs: tuple[float, ...] | None = None
 
     @property
     def max_context(self) -> int:
@@ -179,6 +181,14 @@ class SpeculativeGenerator:
         if self.manifest.tokenizer.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos] + ids
         return ids
+
+    def verify_costs(self) -> tuple[float, ...]:
+        """What a target pass over 1, 2, ... rows costs against one row on this backend (runtime.costs): how
+        ``gamma="auto"`` weighs a longer chain. Measured on the first call (a fraction of a second on a CPU
+        model), then kept."""
+        if self._verify_costs is None:
+            self._verify_costs = measure_verify_costs(self._models["target"])
+        return self._verify_costs
 
     @property
     def default_method(self) -> str:
@@ -269,8 +279,9 @@ class SpeculativeGenerator:
 
     def _decode(self, tokens: list[int], opts: DecodeOptions, method: str,
                 drafter: Drafter) -> Generator[str, None, GenerationResult]:
+        auto = opts.gamma == "auto" and method != "none" and not drafter.proposes_trees
         stepper = (TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma if method != "none" else 0))
+                   else ChainStepper(opts.gamma if method != "none" else 0, self.verify_costs() if auto else None))
         for m in self._models.values():
             m.reset()
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,

@@ -90,12 +90,15 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
 
 
 class AutoGamma:
-    """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ) where α̂ and ĉ are
+    """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ, v) where α̂ and ĉ are
     exponential moving averages (weight 0.3) of the step's mean Σmin(p, q) and of draft-pass time over
-    target-pass time. Starts at 4; γ stays within [1, max_gamma]."""
+    a 1-row target pass, and v the backend's verify-cost curve (runtime.costs; None: every pass costs
+    one row's time, the paper's assumption). Starts at 4; γ stays within [1, max_gamma]."""
 
-    def __init__(self, start: int = 4, max_gamma: int = 16, weight: float = 0.3) -> None:
+    def __init__(self, start: int = 4, max_gamma: int = 16, weight: float = 0.3,
+                 verify_costs: tuple[float, ...] | None = None) -> None:
         self.gamma, self.max_gamma, self.weight = start, max_gamma, weight
+        self.verify_costs = verify_costs
         self.alpha: float | None = None
         self.c: float | None = None
 
@@ -107,17 +110,21 @@ class AutoGamma:
             self.alpha = self._ema(self.alpha, float(np.mean(step.betas)))
         if step.verify_s > 0:
             t_draft_pass = step.draft_s / step.draft_passes if step.draft_passes else 0.0
-            self.c = self._ema(self.c, t_draft_pass / step.verify_s)
+            # the verify pass had proposed + 1 rows: its time over v(rows) is one row's
+            one_row = step.verify_s / theory.verify_cost_at(self.verify_costs, step.proposed + 1)
+            self.c = self._ema(self.c, t_draft_pass / one_row)
         if self.alpha is not None:
-            self.gamma = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma)
+            self.gamma = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma,
+                                              self.verify_costs)
         return self.gamma
 
 
 class ChainStepper:
-    """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`)."""
+    """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`, weighing γ with
+    ``verify_costs``)."""
 
-    def __init__(self, gamma: int | str) -> None:
-        self.auto = AutoGamma() if gamma == "auto" else None
+    def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None) -> None:
+        self.auto = AutoGamma(verify_costs=verify_costs) if gamma == "auto" else None
         self.gamma = 0 if gamma == "auto" else int(gamma)
 
     def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:

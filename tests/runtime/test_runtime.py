@@ -216,3 +216,26 @@ def test_only_the_target_session_spins_and_a_small_draft_runs_on_the_calling_thr
         target.get_session_config_entry(spinning)
     assert target.intra_op_num_threads == 2
     assert draft.intra_op_num_threads == 1 and draft.get_session_config_entry(spinning) == "0"
+
+
+def test_auto_gamma_weighs_gamma_with_the_verify_cost_curve():
+    from specrt.runtime.loop import AutoGamma
+    from specrt.runtime.stats import StepRecord
+
+    steep = (1.0, 1.21, 1.57, 1.71, 2.0, 2.17, 2.51, 2.75, 3.03)  # the SmolLM2 int8 bundle's
+    # a 5-row pass of 20 ms on that curve is a 10 ms row; 1 ms per draft pass: c = 0.1
+    step = StepRecord(proposed=4, accepted=2, betas=[0.6, 0.6, 0.6], draft_passes=4, draft_s=0.004, verify_s=0.020)
+    flat, costly = AutoGamma(), AutoGamma(verify_costs=steep)
+    assert costly.update(step) == 1 and costly.c == pytest.approx(0.1)
+    assert flat.update(step) == 4 and flat.c == pytest.approx(0.05)  # rows assumed free: c read off the 5-row pass
+
+
+def test_verify_costs_are_measured_once_and_leave_the_caches_empty(close):
+    from specrt.runtime.costs import CALIBRATION_ROWS
+
+    close._verify_costs = None  # an earlier gamma="auto" test may have measured them already
+    costs = close.verify_costs()
+    assert len(costs) == CALIBRATION_ROWS and costs[0] == 1.0
+    assert all(b >= a for a, b in zip(costs, costs[1:]))
+    assert close.verify_costs() is costs
+    assert all(m.cache.length == 0 for m in close._models.values())
