@@ -27,7 +27,8 @@ from .options import (
 @click.option("--chat", "chat", is_flag=True,
               help="Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
 @click.option("--methods", help="Comma-separated; must include none [default: none and every method the bundle "
-                               "holds: eagle, draft and tree where it has a head or a draft model, and ngram].")
+                               "holds: eagle, draft and tree where it has a head or a draft model, and ngram]. "
+                               "NAME@GAMMA gives one entry its own γ (none,eagle@1,eagle@2,eagle@auto).")
 @tree_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")
@@ -164,16 +165,21 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
 @click.option("--context", type=int, default=256, show_default=True,
               help="With --bundle: μ adds attention's FLOPs at this many positions (0: matmuls only).")
 @click.option("--max-gamma", type=int, default=16, show_default=True)
+@click.option("--verify-costs", "verify_costs", metavar="V1,V2,...",
+              help="A target pass over 1, 2, ... rows against one row (e.g. 1,1.21,1.57,1.71: an int8 bundle on a "
+                   "CPU; benchmarks/verify_cost.py prints them): γ pays v(γ+1), not 1 [default: measured on this "
+                   "backend with --bundle; else 1 for every row count, the paper's memory-bound pass].")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write a PNG of speedup vs γ (needs matplotlib).")
 def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, chat: bool,
          prompts_file: str | None, demo: bool, temperature: float, context: int, max_gamma: int,
-         plot_file: str | None) -> None:
-    """Table of γ, E[tokens per target pass], relative cost γc+1, speedup and arithmetic-ops factor; marks the
-    optimal γ and says how close it gets to the unlimited-γ ceiling.
+         verify_costs: str | None, plot_file: str | None) -> None:
+    """Table of γ, E[tokens per target pass], relative cost γc+v(γ+1), speedup and arithmetic-ops factor; marks
+    the optimal γ and says how close it gets to the unlimited-γ ceiling.
 
     \b
-    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α)     speedup = E / (γc + 1)
+    E[tokens/pass] = (1 - α^(γ+1)) / (1 - α)     speedup = E / (γc + v(γ+1))
+    v(r)           = a pass over r rows / one row (1 when memory-bound; more on CPUs and quantized kernels)
     ops factor     = (γμ + γ + 1) / E             (Leviathan et al. 2023, Eq. 11)
     oracle ceiling = 1 / (1 - α)                  (E as γ → ∞)
 
@@ -186,10 +192,11 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
       specrt plan --bundle bundle --temperature 0 --context 1024 --plot speedup.png
       specrt plan --bundle smollm2-eagle --chat --prompts benchmarks/prompts/chat-heldout.json --temperature 0
     """
-    from ..measure.plan import bundle_mu, measure, plot
+    from ..measure.plan import bundle_mu, measure, parse_verify_costs, plot
     from ..measure.report import print_plan
 
     mu_note = None
+    costs = parse_verify_costs(verify_costs) if verify_costs else None
     if bundle is not None or demo:
         if alpha is not None or c is not None:
             raise click.UsageError("give either --alpha/--c or --bundle, not both")
@@ -203,13 +210,16 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         m = measure(gen, prompts, temperature=temperature, chat=chat)
         alpha, c = m.alpha, m.c
         click.echo(m.describe())
+        if costs is None:
+            costs = gen.verify_costs()
+            click.echo("verify cost v(1..9) on this backend: " + ", ".join(f"{v:.2f}" for v in costs))
         if mu is None:
             mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
     elif alpha is None or c is None:
         raise click.UsageError("give --alpha and --c, or --bundle to measure them")
-    print_plan(alpha, c, max_gamma, mu, mu_note)
+    print_plan(alpha, c, max_gamma, mu, mu_note, costs)
     if plot_file:
-        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file)}")
+        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file, costs)}")
 
 
 @main.command()

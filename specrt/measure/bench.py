@@ -71,17 +71,33 @@ class BenchConfig:
     chat: bool = False
 
     def __post_init__(self) -> None:
-        self.options("none", 0)  # validates the sampling settings, gamma and tree
+        for method in self.methods:
+            self.options(method, 0)  # validates the sampling settings, each gamma and the trees
         if "none" not in self.methods:
             raise ConfigError("methods must include 'none': every speedup is measured against it")
         if self.repeats < 1 or self.max_new_tokens < 1:
             raise ConfigError("repeats and max_new_tokens must be >= 1")
 
     def options(self, method: str, repeat: int) -> DecodeOptions:
-        """What ``method`` decodes with in repeat ``repeat`` (its seed: seed + repeat)."""
+        """What ``method`` decodes with in repeat ``repeat`` (its seed: seed + repeat); ``NAME@GAMMA`` (eagle@1,
+        draft@auto) overrides ``gamma`` for that entry, so chains of several lengths share one run."""
+        name, gamma = method_spec(method, self.gamma)
         return DecodeOptions(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                             top_p=self.top_p, seed=self.seed + repeat, method=method, gamma=self.gamma, tree=self.tree,
+                             top_p=self.top_p, seed=self.seed + repeat, method=name, gamma=gamma, tree=self.tree,
                              eagle_tree=self.eagle_tree, draft_stop=self.draft_stop)
+
+
+def method_spec(method: str, gamma: int | str) -> tuple[str, int | str]:
+    """``eagle@2`` → ("eagle", 2), ``eagle@auto`` → ("eagle", "auto"), ``eagle`` → ("eagle", ``gamma``)."""
+    name, at, value = method.partition("@")
+    if not at:
+        return method, gamma
+    if value == "auto":
+        return name, value
+    try:
+        return name, int(value)
+    except ValueError:
+        raise ConfigError(f"{method!r}: a method's own gamma must look like eagle@2 or eagle@auto") from None
 
 
 def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
@@ -95,6 +111,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     (an :class:`specrt.measure.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
     prompt_ids = [encode(gen, p, cfg.chat) for p in prompts]
     gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
+    if any(cfg.options(m, 0).gamma == "auto" for m in cfg.methods if m != "none"):
+        gen.verify_costs()  # measured once per loaded bundle: not inside the first timed generation
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     for peer in peers:
         peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
@@ -146,7 +164,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
         row["verify_cost"] = row["target_pass_ms"] / decode_ms
         gamma = round(row["mean_gamma"])
-        if row["alpha"] is not None and gamma and not proposes_trees(method):
+        if row["alpha"] is not None and gamma and not proposes_trees(method_spec(method, cfg.gamma)[0]):
             row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
             row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
                                                  / (gamma * row["c"] + row["verify_cost"]))
@@ -240,7 +258,7 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     """Bytes per generated token from the measured passes per token at the measured mean context (the
     draft reads its own cache over the same positions), and what the bandwidth makes of them."""
     m = gen.manifest
-    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method == "medusa" else 0)
+    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method.startswith("medusa") else 0)
     ctx = row["mean_context"]
     target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
     draft = (roofline.PassBytes(costs["draft"].weight_bytes, roofline.kv_bytes_per_position(m.draft.dims, m.draft.dtype)

@@ -18,9 +18,22 @@ class PlanRow:
     ops_factor: float  # arithmetic operations vs plain decoding (Leviathan et al. Eq. 11)
 
 
-def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None) -> list[PlanRow]:
+def parse_verify_costs(text: str) -> tuple[float, ...]:
+    """``--verify-costs 1,1.21,1.57``: v(1), v(2), ... as floats, v(1) = 1 and never falling."""
+    try:
+        costs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--verify-costs must be numbers like 1,1.2,1.5 (a pass over 1, 2, 3 rows against one), "
+                          f"got {text!r}") from None
+    if not costs or costs[0] != 1.0 or any(b < a for a, b in zip(costs, costs[1:])):
+        raise ConfigError(f"--verify-costs must start at 1 (one row against itself) and never fall, got {text!r}")
+    return costs
+
+
+def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
+               verify_costs: tuple[float, ...] | None = None) -> list[PlanRow]:
     """One row per γ in [1, max_gamma]. ``mu``: draft / target arithmetic per token for the ops factor
-    [default: c, a time ratio standing in for it]."""
+    [default: c, a time ratio standing in for it]; ``verify_costs``: v(r) (theory.verify_cost_at) [default: 1]."""
     mu = c if mu is None else mu
     if not 0 <= alpha <= 1:
         raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
@@ -30,8 +43,9 @@ def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = N
         raise ConfigError(f"mu must be >= 0, got {mu}")
     if not 1 <= max_gamma <= 64:
         raise ConfigError(f"max gamma must be in [1, 64], got {max_gamma}")
-    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + 1, theory.speedup(alpha, g, c),
-                    theory.ops_factor(alpha, g, mu)) for g in range(1, max_gamma + 1)]
+    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + theory.verify_cost_at(verify_costs, g + 1),
+                    theory.speedup(alpha, g, c, verify_costs), theory.ops_factor(alpha, g, mu))
+            for g in range(1, max_gamma + 1)]
 
 
 def oracle_line(alpha: float, row: PlanRow) -> str:
@@ -104,7 +118,8 @@ def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, m
                        temperature=temperature, prompts=len(prompts), method=method)
 
 
-def plot(alpha: float, c: float, max_gamma: int, path: str | Path) -> Path:
+def plot(alpha: float, c: float, max_gamma: int, path: str | Path,
+         verify_costs: tuple[float, ...] | None = None) -> Path:
     """Speedup vs γ at this α for the given c and a few others, as a PNG (needs matplotlib)."""
     try:
         import matplotlib
@@ -116,9 +131,9 @@ def plot(alpha: float, c: float, max_gamma: int, path: str | Path) -> Path:
     gammas = list(range(1, max_gamma + 1))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cc in sorted({c, 0.01, 0.05, 0.1, 0.2, 0.5}):
-        ys = [theory.speedup(alpha, g, cc) for g in gammas]
+        ys = [theory.speedup(alpha, g, cc, verify_costs) for g in gammas]
         ax.plot(gammas, ys, marker="o", ms=3, lw=2.5 if cc == c else 1, label=f"c = {cc:g}" + (" (yours)" if cc == c else ""))
-    best = theory.optimal_gamma(alpha, c, max_gamma)
+    best = theory.optimal_gamma(alpha, c, max_gamma, verify_costs)
     ax.axvline(best, color="grey", ls=":", lw=1)
     ax.axhline(1.0, color="black", lw=0.5)
     ax.set(xlabel="γ (drafted tokens per target pass)", ylabel="speedup over plain decoding",

@@ -165,7 +165,7 @@ def print_peers(result: dict, console) -> None:
 
 
 def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
-               mu_note: str | None = None) -> None:
+               mu_note: str | None = None, verify_costs: tuple[float, ...] | None = None) -> None:
     """``specrt plan``'s table (the optimal γ in bold green), the optimum, the oracle ceiling and where μ
     came from (``mu_note``; without μ, c stands in for it)."""
     from rich.console import Console
@@ -173,10 +173,11 @@ def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = N
 
     from .plan import oracle_line, plan_table, stand_in_note
 
-    rows = plan_table(alpha, c, max_gamma, mu)
+    rows = plan_table(alpha, c, max_gamma, mu, verify_costs)
     best = max(rows, key=lambda r: r.speedup)
     t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
-    for col in ("γ", "E[tokens/pass]", "cost γc+1", "speedup", "ops factor"):
+    for col in ("γ", "E[tokens/pass]", "cost γc+1" if verify_costs is None else "cost γc+v(γ+1)", "speedup",
+                "ops factor"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(str(r.gamma), f"{r.expected_tokens:.3f}", f"{r.relative_cost:.3f}", f"{r.speedup:.3f}x",

@@ -120,6 +120,18 @@ def test_plan_measures_a_bundle(close_bundle):
     res = CliRunner().invoke(main, ["plan", "--bundle", str(close_bundle), "--temperature", "0", "--max-gamma", "8"])
     assert res.exit_code == 0, res.output
     assert "measured on" in res.output and "optimal γ" in res.output
+    assert "verify cost v(1..9) on this backend: 1.00, " in res.output and "cost γc+v(γ+1)" in res.output
+
+
+def test_plan_with_a_verify_cost_curve_shortens_gamma():
+    rows = plan_table(0.6, 0.1, 6, verify_costs=(1.0, 1.21, 1.57, 1.71))
+    assert rows[1].relative_cost == pytest.approx(0.2 + 1.57) and rows[4].relative_cost == pytest.approx(0.5 + 1.99)
+    res = CliRunner().invoke(main, ["plan", "--alpha", "0.6", "--c", "0.1", "--verify-costs", "1,1.21,1.57,1.71,2.0"])
+    assert res.exit_code == 0 and "optimal γ = 1: 1.22x" in res.output
+    assert "optimal γ = 3" in CliRunner().invoke(main, ["plan", "--alpha", "0.6", "--c", "0.1"]).output
+    for bad in ("1,0.9", "1.2,1.3", "one"):
+        res = CliRunner().invoke(main, ["plan", "--alpha", "0.6", "--c", "0.1", "--verify-costs", bad])
+        assert res.exit_code == 1 and "--verify-costs must" in res.output
 
 
 def test_plan_plot_writes_a_png_or_names_the_extra(tmp_path):

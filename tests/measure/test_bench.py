@@ -41,6 +41,19 @@ def test_the_bench_table_shows_device_to_host_bytes_where_outputs_left_a_gpu(gen
     assert "D2H/pass" in out and "0.5 KB" in out
 
 
+def test_bench_runs_chains_of_several_lengths_in_one_run(generator):
+    res = run_bench(generator, builtin_prompts("code")[:1],
+                    BenchConfig(methods=("none", "draft@1", "draft@3", "draft@auto"), max_new_tokens=12, repeats=1))
+    rows = res["methods"]
+    assert rows["draft@1"]["mean_gamma"] <= 1.0 and 1.0 < rows["draft@3"]["mean_gamma"] <= 3.0
+    assert rows["draft@auto"]["predicted_speedup"] is not None
+    assert all(r["greedy_matches_none"] for r in rows.values())
+    assert BenchConfig(methods=("none",)).options("eagle@auto", 0).gamma == "auto"
+    for bad in ("draft@x", "draft@0"):
+        with pytest.raises(ConfigError, match="gamma"):
+            BenchConfig(methods=("none", bad))
+
+
 def test_bench_config_and_prompt_errors(tmp_path):
     with pytest.raises(ConfigError, match="include 'none'"):
         BenchConfig(methods=("draft",))
