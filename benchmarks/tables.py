@@ -102,6 +102,9 @@ def bench_table(data: dict) -> str:
         label = {"draft": f"draft (γ = {cfg['gamma']})", "eagle": f"eagle (γ = {cfg['gamma']})",
                  "eagle-tree": f"eagle-tree ({cfg.get('eagle_tree')})",
                  "tree": f"tree ({','.join(map(str, cfg['tree']))})"}.get(name, name)
+        base, at, gamma = name.partition("@")  # bench's NAME@GAMMA: one entry's own γ
+        if at:
+            label = f"{base} (γ auto: mean {m['mean_gamma']:.2f})" if gamma == "auto" else f"{base} (γ = {gamma})"
         rows.append([label, _f(m["tokens_per_second"], ".0f"), _x(m["speedup_vs_none"]),
                      _f(m["tokens_per_target_pass"], ".2f"), _f(m["alpha"], ".2f"), _f(m["acceptance_rate"], ".2f"),
                      _f(m["c"] if name not in ("none", "medusa") else None, ".3f"),  # heads' cost is inside verify
@@ -183,7 +186,8 @@ def verify_cost(data: dict) -> str:
     for b in data["bundles"]:
         f, devices = b["fit"], {d["device"]: d for d in b["devices"]}
         label = b["precision"] + (f" ({b['format']} blocks)" if b["format"] == "gguf" else
-                                  f" (blocks of {b['block_size']})" if b["block_size"] else "")
+                                  f" (blocks of {b['block_size']})" if b["block_size"] else
+                                  f" ({b['format']})" if b["format"] else "")
         rows.append([label, f"{b['weight_bytes'] / 1e6:.0f} MB", f"{b['ms']['1']:.2f} ms",
                      *(_x(f["ratio"][r]) for r in ("2", "3", "5", "9", "16")),
                      f"{f['per_row_ms']:.2f} ms ({f['gflop_per_s_per_row']:.0f} GFLOP/s)",
@@ -256,8 +260,11 @@ table("smollm2-eagle3-r3-gqa-cpu", "smollm2-eagle3-r3-gqa-cpu.json")(bench_table
 table("smollm2-eagle3-r4-cpu", "smollm2-eagle3-r4-cpu.json")(bench_table)
 table("smollm2-eagle3-r4-int8-cpu", "smollm2-eagle3-r4-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-r4-t07-cpu", "smollm2-eagle3-r4-t07-cpu.json")(bench_table)
+table("smollm2-eagle3-auto-gamma-cpu", "smollm2-eagle3-auto-gamma-cpu.json")(bench_table)
+table("smollm2-eagle3-auto-gamma-int8-cpu", "smollm2-eagle3-auto-gamma-int8-cpu.json")(bench_table)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
+table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
 table("context-scaling-cpu", "context-scaling-cpu.json")(context_scaling)
 
 
