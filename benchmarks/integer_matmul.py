@@ -1,0 +1,218 @@
+"""An experiment kept reproducible: int8 weights on ONNX Runtime's ``MatMulInteger`` with each row's activations
+quantized on their own, against ``MatMulNBits`` (what ``specrt quantize --bits int8`` writes). Not offered
+by specrt: on SmolLM2-135M it fails the int8 quality gate and its 1-row pass is slower
+(docs/performance/verify-cost-cpu.md).
+
+Why try it: ``MatMulNBits`` at accuracy level 4 grows almost linearly with rows on CPUs without AVX-512
+(benchmarks/matmul-rows-cpu.json: 72 µs for 1 row, 192 µs for 4), and its result for a row moves with the
+row count. ``MatMulInteger`` (u8 × s8, MLAS) grows more slowly, and integer sums are exact, so a row's
+product would be bit-identical whatever else is in the pass, provided each row has its own scale.
+ONNX Runtime's ``quantize_dynamic`` uses one scale per tensor (``DynamicQuantizeLinear``), which would couple
+the rows of a verify pass (a drafted token's row would move its neighbours' logits: not exact), so the
+per-row quantization is written here:
+
+    s  = max(|x|, last axis) / 127                     one scale per row
+    xq = uint8(round(x / s) + 128)                     shared by every MatMul reading x
+    y  = float(MatMulInteger(xq, Wq, 128)) * ws * s    Wq: int8 per output column, scale ws
+
+The weights keep 7 bits (|Wq| ≤ 63): MLAS's AVX2 u8 × s8 kernel adds pairs of products in int16
+(``vpmaddubsw``), and 2 · 255 · 63 stays below 32767 where 2 · 255 · 127 does not (full 8-bit weights gave
+26 % error on a row with one outlier channel). The LM head stays ``MatMulNBits`` int8, blocks of 32.
+
+    python benchmarks/integer_matmul.py FLOAT_BUNDLE --threads 2 [--json OUT]
+
+writes an integer copy of the bundle's target beside it (FLOAT_BUNDLE-integer), then prints its quality
+against the float graph (specrt's gate: mean KL, decisive top-1) and its verify-cost curve (verify_cost.py;
+time it beside the int8 bundle in one run with ``verify_cost.py INT8_BUNDLE FLOAT_BUNDLE-integer``).
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+WEIGHT_MAX = 63  # 7-bit weights: no int16 saturation in MLAS's AVX2 u8 x s8 kernel (module docstring)
+ACT_MAX = 127
+ZERO_POINT = 128  # activations are symmetric int8 stored as uint8, the type MLAS's fast kernels take
+
+
+def quantize_columns(weight: np.ndarray, limit: int = WEIGHT_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-column int8 of a [K, N] weight: (q [K, N] int8 with |q| <= limit, scale [N])."""
+    w = weight.astype(np.float32)
+    scale = np.abs(w).max(axis=0) / limit
+    safe = np.where(scale == 0, 1, scale)
+    return np.clip(np.rint(w / safe), -limit, limit).astype(np.int8), scale.astype(np.float32)
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The graph's activation quantization, in numpy (the reference the tests hold the graph to):
+    (uint8 values, per-row scale with a trailing 1)."""
+    x = x.astype(np.float32)
+    scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) * np.float32(1 / ACT_MAX), np.float32(1e-30))
+    return (np.rint(x / scale) + ZERO_POINT).astype(np.uint8), scale
+
+
+def reference_matmul(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """What the rewritten MatMul computes, exactly (integer sums in int64)."""
+    xq, s = quantize_rows(x)
+    acc = (xq.astype(np.int64) - ZERO_POINT) @ q.astype(np.int64)
+    return acc.astype(np.float32) * scale * s
+
+
+@dataclass
+class _Rewrite:
+    graph: object
+    opset: int
+    inits: list = field(default_factory=list)
+    quantized: dict = field(default_factory=dict)  # activation tensor -> (uint8 tensor, scale tensor)
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def activations(self, x: str, nodes: list) -> tuple[str, str]:
+        """x's per-row uint8 copy and scale, made once however many MatMuls read x."""
+        from onnx import TensorProto, helper
+
+        if x not in self.quantized:
+            p = f"{x}.q8"
+            if self.opset >= 18:
+                reduce = helper.make_node("ReduceMax", [f"{p}.abs", self.shared("axes_last", np.array([-1], np.int64))],
+                                          [f"{p}.max"], keepdims=1)
+            else:
+                reduce = helper.make_node("ReduceMax", [f"{p}.abs"], [f"{p}.max"], axes=[-1], keepdims=1)
+            nodes += [
+                helper.make_node("Abs", [x], [f"{p}.abs"]),
+                reduce,
+                helper.make_node("Mul", [f"{p}.max", self.shared("inv_act_max", np.array(1 / ACT_MAX, np.float32))],
+                                 [f"{p}.s0"]),
+                helper.make_node("Max", [f"{p}.s0", self.shared("tiny", np.array(1e-30, np.float32))], [f"{p}.scale"]),
+                helper.make_node("Div", [x, f"{p}.scale"], [f"{p}.div"]),
+                helper.make_node("Round", [f"{p}.div"], [f"{p}.round"]),
+                helper.make_node("Add", [f"{p}.round", self.shared("zp_float", np.array(ZERO_POINT, np.float32))],
+                                 [f"{p}.shift"]),
+                helper.make_node("Cast", [f"{p}.shift"], [f"{p}.u8"], to=TensorProto.UINT8),
+            ]
+            self.quantized[x] = (f"{p}.u8", f"{p}.scale")
+        return self.quantized[x]
+
+    def shared(self, name: str, value: np.ndarray) -> str:
+        full = f"specrt.int8.{name}"
+        if not any(i.name == full for i in self.inits):
+            self.const(full, value)
+        return full
+
+
+def rewrite_matmuls(model, names: set[str] | None = None) -> list[str]:
+    """Rewrite every float MatMul with a constant 2-D weight (or those named in ``names``) of ``model`` in
+    place into the per-row integer form of the module docstring; returns the rewritten nodes' names."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
+    inits = {i.name: i for i in g.initializer}
+    rw = _Rewrite(g, opset)
+    done, nodes, replaced = [], [], set()
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if (w is None or len(w.dims) != 2 or (names is not None and node.name not in names)
+                or w.data_type != TensorProto.FLOAT):
+            nodes.append(node)
+            continue
+        q, scale = quantize_columns(numpy_helper.to_array(w))
+        xq, xs = rw.activations(node.input[0], nodes)
+        y = node.output[0]
+        nodes += [
+            helper.make_node("MatMulInteger", [xq, rw.const(f"{w.name}.int8", q), rw.shared("zp", np.array(ZERO_POINT, np.uint8))],
+                             [f"{y}.i32"], name=node.name),
+            helper.make_node("Cast", [f"{y}.i32"], [f"{y}.f32"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{y}.f32", rw.const(f"{w.name}.int8.scales", scale)], [f"{y}.cols"]),
+            helper.make_node("Mul", [f"{y}.cols", xs], [y]),
+        ]
+        replaced.add(w.name)
+        done.append(node.name)
+    if done:
+        del g.node[:]
+        g.node.extend(nodes)
+        g.initializer.extend(rw.inits)
+        read = {i for n in g.node for i in n.input}
+        for init in [i for i in g.initializer if i.name in replaced and i.name not in read]:
+            g.initializer.remove(init)
+    return done
+
+
+def write_integer_bundle(src: Path, out: Path) -> None:
+    """A copy of bundle ``src`` whose target's body MatMuls are rewritten, its LM head MatMulNBits int8."""
+    import logging
+    import shutil
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from specrt.export.quantize import head_matmuls, untie_lm_head
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(src, out)
+    (out / "target.onnx.data").unlink(missing_ok=True)
+    model = onnx.load(str(src / "target.onnx"))
+    untie_lm_head(model)
+    heads = set(head_matmuls(model))
+    rewrite_matmuls(model, {n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in heads})
+    others = [n.name for n in model.graph.node if n.name not in heads]
+    q = MatMulNBitsQuantizer(model, bits=8, block_size=32, is_symmetric=True, accuracy_level=4, nodes_to_exclude=others)
+    q.process()
+    onnx.save_model(q.model.model, str(out / "target.onnx"))
+    from dataclasses import replace
+
+    from specrt.bundle.files import graph_cost
+    from specrt.bundle.manifest import load_manifest
+
+    manifest = load_manifest(src)  # labelled as what it is, for verify_cost.py's table
+    models = {**manifest.models, "target": replace(manifest.target, quantization={
+        "bits": 8, "format": "MatMulInteger, per-row activations", "block_size": None, "accuracy_level": None},
+        **graph_cost(out / "target.onnx").manifest_fields())}
+    replace(manifest, models=models).write(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # verify_cost.py, beside this file
+    from verify_cost import fit, time_rows
+
+    from specrt.bundle.manifest import load_manifest
+    from specrt.data import prompts
+    from specrt.export.quantize import distribution_parity
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle", type=Path, help="a float (fp32) bundle")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    out = args.bundle.with_name(args.bundle.name + "-integer")
+    write_integer_bundle(args.bundle, out)
+    parity = distribution_parity(args.bundle, out, load_manifest(args.bundle), "target", prompts("all"))
+    row = time_rows(out, args.threads, 128, args.repeats)
+    row["fit"], row["parity"] = fit(row), parity
+    print(f"{out}: mean KL {parity['mean_kl']:.4f}, top-1 {parity['top1_agreement']:.3f} (int8 gate: KL <= 0.01, "
+          f"top-1 >= 0.95); t(1) {row['ms']['1']:.2f} ms; "
+          + " ".join(f"{k}:{v:.2f}" for k, v in row["fit"]["ratio"].items())
+          + f"; {row['rows_vs_single']['rows']} rows vs one at a time: max |Δlogit| "
+          f"{row['rows_vs_single']['max_abs_logit_diff']:.2e}")
+    if args.json:
+        args.json.write_text(json.dumps(row, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
