@@ -93,10 +93,13 @@ class AutoGamma:
     """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ, v) where α̂ and ĉ are
     exponential moving averages (weight 0.3) of the step's mean Σmin(p, q) and of draft-pass time over
     a 1-row target pass, and v the backend's verify-cost curve (runtime.costs; None: every pass costs
-    one row's time, the paper's assumption). Starts at 4; γ stays within [1, max_gamma]."""
+    one row's time, the paper's assumption). Starts at 4, or at 1 with a curve: where rows are dear the
+    first step, taken before anything is measured, is the one that risks least (a fully accepted chain of
+    one already lifts γ at the next step); γ stays within [1, max_gamma]."""
 
-    def __init__(self, start: int = 4, max_gamma: int = 16, weight: float = 0.3,
+    def __init__(self, start: int | None = None, max_gamma: int = 16, weight: float = 0.3,
                  verify_costs: tuple[float, ...] | None = None) -> None:
+        start = start if start is not None else 4 if verify_costs is None else 1
         self.gamma, self.max_gamma, self.weight = start, max_gamma, weight
         self.verify_costs = verify_costs
         self.alpha: float | None = None

@@ -226,11 +226,12 @@ def test_auto_gamma_weighs_gamma_with_the_verify_cost_curve():
     # a 5-row pass of 20 ms on that curve is a 10 ms row; 1 ms per draft pass: c = 0.1
     step = StepRecord(proposed=4, accepted=2, betas=[0.6, 0.6, 0.6], draft_passes=4, draft_s=0.004, verify_s=0.020)
     flat, costly = AutoGamma(), AutoGamma(verify_costs=steep)
+    assert flat.gamma == 4 and costly.gamma == 1  # with a curve, the first step risks one row
     assert costly.update(step) == 1 and costly.c == pytest.approx(0.1)
     assert flat.update(step) == 4 and flat.c == pytest.approx(0.05)  # rows assumed free: c read off the 5-row pass
 
 
-def test_verify_costs_are_measured_once_and_leave_the_caches_empty(close):
+def test_verify_costs_are_measured_once_and_leave_the_target_cache_empty(close):
     from specrt.runtime.costs import CALIBRATION_ROWS
 
     close._verify_costs = None  # an earlier gamma="auto" test may have measured them already
@@ -238,4 +239,4 @@ def test_verify_costs_are_measured_once_and_leave_the_caches_empty(close):
     assert len(costs) == CALIBRATION_ROWS and costs[0] == 1.0
     assert all(b >= a for a, b in zip(costs, costs[1:]))
     assert close.verify_costs() is costs
-    assert all(m.cache.length == 0 for m in close._models.values())
+    assert close._models["target"].cache.length == 0
