@@ -1,7 +1,7 @@
 """Tokens/s and the figures behind them, per method, measured in ONE run on the same backend.
 
-Speedups are ratios to ``none`` measured in the same run with the methods interleaved per repeat,
-so drift of the machine hits every method alike; peers (``specrt.measure.peers``: Hugging Face, ONNX Runtime
+Speedups are ratios to ``none`` measured in the same run with the methods interleaved per repeat (each
+repeat starting one method later), so drift of the machine hits every method alike; peers (``specrt.measure.peers``: Hugging Face, ONNX Runtime
 GenAI) run inside the same loop. Nothing here is a timed assertion.
 """
 
@@ -122,7 +122,10 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     baseline = cfg.greedy_baseline and not sampling.greedy
     greedy_runs: list[dict] = []
     for r in range(cfg.repeats):
-        for method in cfg.methods:
+        # Each repeat starts one method later: on a machine whose speed drifts within a repeat, no method
+        # always runs in the same slot (right after the slowest one, say).
+        shift = r % len(cfg.methods)
+        for method in cfg.methods[shift:] + cfg.methods[:shift]:
             beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
             if beside and r % 2 == 0:
                 greedy_runs.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))

@@ -54,6 +54,20 @@ def test_bench_runs_chains_of_several_lengths_in_one_run(generator):
             BenchConfig(methods=("none", bad))
 
 
+def test_each_repeat_starts_one_method_later(generator, monkeypatch):
+    seen = []
+    real = generator.stream_ids
+
+    def recording(ids, options=None, **changes):
+        seen.append(options.method if options is not None else changes.get("method"))
+        return real(ids, options, **changes)
+
+    monkeypatch.setattr(generator, "stream_ids", recording)
+    run_bench(generator, builtin_prompts("code")[:1],
+              BenchConfig(methods=("none", "ngram", "draft"), max_new_tokens=4, repeats=3))
+    assert seen[1:] == ["none", "ngram", "draft", "ngram", "draft", "none", "draft", "none", "ngram"]  # after the warm-up
+
+
 def test_bench_config_and_prompt_errors(tmp_path):
     with pytest.raises(ConfigError, match="include 'none'"):
         BenchConfig(methods=("draft",))
