@@ -64,7 +64,6 @@ def reference_matmul(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndar
 
 @dataclass
 class _Rewrite:
-    graph: object
     opset: int
     inits: list = field(default_factory=list)
     quantized: dict = field(default_factory=dict)  # activation tensor -> (uint8 tensor, scale tensor)
@@ -116,7 +115,7 @@ def rewrite_matmuls(model, names: set[str] | None = None) -> list[str]:
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     inits = {i.name: i for i in g.initializer}
-    rw = _Rewrite(g, opset)
+    rw = _Rewrite(opset)
     done, nodes, replaced = [], [], set()
     for node in g.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None

@@ -111,8 +111,9 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     (an :class:`specrt.measure.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
     prompt_ids = [encode(gen, p, cfg.chat) for p in prompts]
     gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
-    if any(cfg.options(m, 0).gamma == "auto" for m in cfg.methods if m != "none"):
-        gen.verify_costs()  # measured once per loaded bundle: not inside the first timed generation
+    specs = {m: method_spec(m, cfg.gamma) for m in cfg.methods}  # entry -> (method name, its gamma)
+    if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
+        gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     for peer in peers:
         peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
@@ -167,7 +168,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
         row["verify_cost"] = row["target_pass_ms"] / decode_ms
         gamma = round(row["mean_gamma"])
-        if row["alpha"] is not None and gamma and not proposes_trees(method_spec(method, cfg.gamma)[0]):
+        name = specs[method][0]
+        if row["alpha"] is not None and gamma and not proposes_trees(name):
             row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
             row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
                                                  / (gamma * row["c"] + row["verify_cost"]))
@@ -179,7 +181,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
         if greedy_runs:  # each repeat's own ratio: its runs were neighbours in time
             row["vs_greedy_none"] = statistics.median(x["tokens_per_second"] / g["tokens_per_second"]
                                                       for x, g in zip(reps, greedy_runs))
-        row.update(_traffic(row, method, costs, gen, bandwidth))
+        row.update(_traffic(row, name, costs, gen, bandwidth))
         result["methods"][method] = row
     if greedy_runs:
         result["greedy_baseline"] = {k: statistics.median(g[k] for g in greedy_runs)
@@ -261,7 +263,7 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     """Bytes per generated token from the measured passes per token at the measured mean context (the
     draft reads its own cache over the same positions), and what the bandwidth makes of them."""
     m = gen.manifest
-    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method.startswith("medusa") else 0)
+    weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method == "medusa" else 0)
     ctx = row["mean_context"]
     target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
     draft = (roofline.PassBytes(costs["draft"].weight_bytes, roofline.kv_bytes_per_position(m.draft.dims, m.draft.dtype)
