@@ -125,3 +125,28 @@ def test_fp16_and_eagle_targets_rewrite_too(pairs, tmp_path):
     for method in ("eagle", "eagle-tree"):
         got = gen.generate(PROMPT, max_new_tokens=24, method=method)
         assert got.token_ids == want and got.stats.drafted > 0, method
+
+
+def test_a_steady_one_row_step_rebinds_only_the_mask(gqa_bundle):
+    """After the first one-row pass, ids, positions, outputs and the cache stay bound (their buffers are
+    rewritten in place); only the mask, one column wider each pass, is bound again."""
+    gen = specrt.load(gqa_bundle, threads=1)
+    model = gen._models["target"]
+    decoder = model.decoder
+    calls: list[str] = []
+    inner = decoder.binding.binding
+    for kind in ("bind_input", "bind_output"):
+        real = getattr(inner, kind)
+        setattr(inner, kind, lambda name, *a, _real=real, **k: (calls.append(name), _real(name, *a, **k))[1])
+    sampling = specrt.DecodeOptions().sampling
+    model.feed(gen.encode(PROMPT), sampling)
+    model.feed([5], sampling)
+    first = list(calls)
+    calls.clear()
+    rows = [model.feed([t], sampling).logits[0].copy() for t in (7, 9, 11)]
+    assert C.INPUT_IDS in first and C.LOGITS in first
+    assert calls == [C.ATTENTION_MASK] * 3
+    # The same tokens fed as one chain give the same rows: nothing stale was read from a kept binding.
+    model.cache.truncate(model.cache.length - 3)
+    chain = model.feed([7, 9, 11], sampling, last=3).logits
+    np.testing.assert_allclose(chain, np.stack(rows), atol=1e-4)
