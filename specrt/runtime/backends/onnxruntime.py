@@ -197,6 +197,7 @@ class OrtDecoder:
         self.binding = _Binder(self.session.io_binding())
         self._bound: list[np.ndarray] = []  # arrays of this pass the binding points at (_bind)
         self._inputs: dict[str, np.ndarray] = {}  # one buffer per input, rewritten in place each pass (_put)
+        self._views: dict[int, tuple[dict, dict]] = {}  # output rows and addresses per row count (_outputs)
         self._kv_names = [(C.past_key(i), C.past_value(i), C.new_key(i), C.new_value(i))
                           for i in range(entry.dims.num_layers)]
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
@@ -224,13 +225,27 @@ class OrtDecoder:
             return KVCache(self.entry.dims, max_context, self.kv_dtype, heads_major=self.shared_kv)
         return DeviceKVCache(self.entry.dims, max_context, self.kv_dtype, self.memory, heads_major=self.shared_kv)
 
-    def _outputs(self, q_len: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._logits.shape[1] < q_len:  # grows to the longest prompt seen, then stays
-            self._logits = np.empty((1, q_len, self._logits.shape[2]), np.float32)
-            self._hidden = np.empty((1, q_len, self.entry.dims.hidden_size), self.kv_dtype)
+    def _outputs(self, q_len: int) -> dict[str, np.ndarray]:
+        """The output rows of a q_len-row pass by contract name, bound (views and their addresses made once
+        per row count; bound again only after another row count). Logits left on a device: see ``forward``."""
+        made = self._views.get(q_len)
+        if made is None:
+            if self._hidden.shape[1] < q_len:  # grows to the longest prompt seen, then stays
+                self._logits = np.empty((1, q_len, self._logits.shape[2]), np.float32)
+                self._hidden = np.empty((1, q_len, self.entry.dims.hidden_size), self.kv_dtype)
+                if self._taps is not None:
+                    self._taps = np.empty((1, q_len, self.entry.tap_width), self.kv_dtype)
+                self._views.clear()
+            views = {C.LOGITS: self._logits[:, :q_len], C.HIDDEN: self._hidden[:, :q_len]}
             if self._taps is not None:
-                self._taps = np.empty((1, q_len, self.entry.tap_width), self.kv_dtype)
-        return self._logits[:, :q_len], self._hidden[:, :q_len]
+                views[C.EAGLE_TAPS] = self._taps[:, :q_len]
+            if self.summary is not None:
+                del views[C.LOGITS]
+            made = self._views[q_len] = views, {name: rows.ctypes.data for name, rows in views.items()}
+        views, ptrs = made
+        for name, rows in views.items():
+            self.binding.bind(name, "cpu", rows.dtype, rows.shape, ptrs[name], output=True)
+        return views
 
     def _bind(self, name: str, arr: np.ndarray, output: bool = False) -> None:
         # ORT reads a bound array by address when the session runs: keep it alive until the next pass rebinds.
@@ -243,8 +258,8 @@ class OrtDecoder:
         buf = self._inputs.get(name)
         if buf is None or buf.shape != shape:
             buf = self._inputs[name] = np.empty(shape, dtype)
+            self.binding.bind(name, "cpu", buf.dtype, shape, buf.ctypes.data)
         buf.reshape(np.shape(values))[...] = values  # converts (e.g. float32 rows into an fp16 graph)
-        self._bind(name, buf)
 
     def _bind_cache(self, cache: KVCache | DeviceKVCache) -> None:
         """Bind ``cache``'s buffers as past_key.N and present_key.N (a GQA graph), unless they already are."""
@@ -282,17 +297,12 @@ class OrtDecoder:
                 b.bind(pv, dev, dt, past_shape, vp)
                 b.bind(nk, dev, dt, new_shape, kp + offset, output=True)
                 b.bind(nv, dev, dt, new_shape, vp + offset, output=True)
-        logits, hidden = self._outputs(q_len)
+        views = self._outputs(q_len)
+        logits, hidden = views.get(C.LOGITS), views[C.HIDDEN]
         if self.summary is not None:
             b.bind(C.LOGITS, self.kv_device, np.dtype(np.float32), (1, q_len, self.entry.dims.vocab_size),
                    self.summary.logits_buffer(q_len), output=True)
-        else:
-            self._bind(C.LOGITS, logits, output=True)
-        self._bind(C.HIDDEN, hidden, output=True)
-        outputs = {}
-        if self._taps is not None:
-            outputs[C.EAGLE_TAPS] = self._taps[:, :q_len]
-            self._bind(C.EAGLE_TAPS, outputs[C.EAGLE_TAPS], output=True)
+        outputs = {C.EAGLE_TAPS: views[C.EAGLE_TAPS]} if C.EAGLE_TAPS in views else {}
         t0 = time.perf_counter()
         self.session.run_with_iobinding(b.binding)
         engine_s = time.perf_counter() - t0
