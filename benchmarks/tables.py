@@ -262,6 +262,21 @@ table("smollm2-eagle3-r4-int8-cpu", "smollm2-eagle3-r4-int8-cpu.json")(bench_tab
 table("smollm2-eagle3-r4-t07-cpu", "smollm2-eagle3-r4-t07-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-cpu", "smollm2-eagle3-auto-gamma-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-int8-cpu", "smollm2-eagle3-auto-gamma-int8-cpu.json")(bench_table)
+def host_work(data: dict) -> str:
+    """benchmarks/host_work.py: host work per token in the loop and warm, and the least step's cost cold."""
+    rows = []
+    for label, bundles in data["runs"].items():
+        for bundle, b in bundles.items():
+            loop, warm, step = b["loop"], b["loop_engine_skipped"], b["minimal_step_us"]
+            rows.append([label, f"{Path(bundle).name} ({b['graph']}, {b['dtype']})",
+                         f"{loop['host_ms_per_token']:.2f} ms", f"{loop['engine_ms_per_token']:.1f} ms",
+                         f"{warm['host_ms_per_token']:.3f} ms", *(f"{v:.0f} µs" for v in step.values())])
+    first = next(iter(next(iter(data["runs"].values())).values()))
+    return _md(["runtime", "bundle", "host / token in the loop", "engine / token", "host / token, engine skipped",
+                *(f"mask + bind + argmax, {k}" for k in first["minimal_step_us"])], rows)
+
+
+table("host-work-cpu", "host-work-cpu.json")(host_work)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
