@@ -262,6 +262,7 @@ table("smollm2-eagle3-r4-int8-cpu", "smollm2-eagle3-r4-int8-cpu.json")(bench_tab
 table("smollm2-eagle3-r4-t07-cpu", "smollm2-eagle3-r4-t07-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-cpu", "smollm2-eagle3-auto-gamma-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-int8-cpu", "smollm2-eagle3-auto-gamma-int8-cpu.json")(bench_table)
+table("smollm2-eagle3-auto-gamma-t07-cpu", "smollm2-eagle3-auto-gamma-t07-cpu.json")(bench_table)
 def host_work(data: dict) -> str:
     """benchmarks/host_work.py: host work per token in the loop and warm, and the least step's cost cold."""
     rows = []
