@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import theory
 from ..errors import ConfigError
-from ..runtime.drafters import proposes_trees
+from ..runtime.drafters import METHODS, proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
@@ -250,9 +250,12 @@ def _share(flags) -> float:
 
 
 def model_costs(gen: SpeculativeGenerator) -> dict[str, roofline.ModelCost]:
-    """Weight bytes and matmul FLOPs per pass of each graph the bundle runs (target, draft, Medusa heads)."""
+    """Weight bytes and matmul FLOPs per pass of each graph the bundle runs (target, draft, EAGLE-3 head,
+    Medusa heads)."""
     m = gen.manifest
     costs = {role: roofline.entry_cost(gen.bundle, entry) for role, entry in m.models.items()}
+    if m.eagle is not None:
+        costs["eagle"] = roofline.entry_cost(gen.bundle, m.eagle)
     if m.medusa is not None:
         costs["medusa"] = roofline.file_cost(Path(gen.bundle) / m.medusa.file, np.dtype(m.target.dtype).itemsize)
     return costs
@@ -266,15 +269,19 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     weights = costs["target"].weight_bytes + (costs["medusa"].weight_bytes if method == "medusa" else 0)
     ctx = row["mean_context"]
     target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
-    draft = (roofline.PassBytes(costs["draft"].weight_bytes, roofline.kv_bytes_per_position(m.draft.dims, m.draft.dtype)
-                                * ctx) if m.draft is not None else None)
+    # What a draft pass runs: the EAGLE-3 head for eagle methods, the draft model for draft and tree.
+    cls = METHODS.get(method)
+    role, entry = (("eagle", m.eagle) if getattr(cls, "needs_eagle", False) else
+                   ("draft", m.draft) if getattr(cls, "needs_draft_model", False) else (None, None))
+    draft = (roofline.PassBytes(costs[role].weight_bytes, roofline.kv_bytes_per_position(entry.dims, entry.dtype) * ctx)
+             if entry is not None else None)
     b = roofline.bytes_per_token(1.0, row["target_passes_per_token"], target,
                                  row["draft_passes_per_token"] if draft else 0.0, draft)
     # Arithmetic per token against plain decoding, as measured (Eq. 11's counterpart): each target pass
     # computes mean_gamma + 1 positions, each draft pass one; Medusa's heads are not counted.
     flops_t = costs["target"].matmul_flops_per_token
     ops = (row["target_passes_per_token"] * (row["mean_gamma"] + 1)
-           + (row["draft_passes_per_token"] * costs["draft"].matmul_flops_per_token / flops_t if draft else 0.0))
+           + (row["draft_passes_per_token"] * costs[role].matmul_flops_per_token / flops_t if draft else 0.0))
     out: dict = {"bytes_per_token": b, "ops_factor": ops if flops_t else None}
     if bandwidth is not None:
         achieved = roofline.achieved_gbps(b, row["tokens_per_second"])

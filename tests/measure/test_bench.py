@@ -160,3 +160,27 @@ def test_bench_measures_what_the_bundle_holds_unless_told(generator, chat_bundle
                                     "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert list(json.loads(out.read_text())["methods"]) == ["none", "ngram"]
+
+
+def test_bytes_per_token_count_what_drafted(eagle_bundle):
+    """eagle's draft passes read the EAGLE-3 head's weights and cache, not nothing (nor a draft model's)."""
+    import specrt
+    from specrt.bundle.files import entry_cost
+    from specrt.bundle.manifest import load_manifest
+    from specrt.measure import roofline
+
+    gen = specrt.load(eagle_bundle, threads=1)
+    res = run_bench(gen, builtin_prompts("code")[:1], BenchConfig(methods=("none", "eagle"), max_new_tokens=10))
+    m = load_manifest(eagle_bundle)
+    assert res["config"]["model_costs"]["eagle"]["weight_bytes"] == entry_cost(eagle_bundle, m.eagle).weight_bytes
+    row, none = res["methods"]["eagle"], res["methods"]["none"]
+    ctx = row["mean_context"]
+    target = roofline.PassBytes(entry_cost(eagle_bundle, m.target).weight_bytes,
+                                roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
+    head = roofline.PassBytes(entry_cost(eagle_bundle, m.eagle).weight_bytes,
+                              roofline.kv_bytes_per_position(m.eagle.dims, m.eagle.dtype) * ctx)
+    assert row["draft_passes_per_token"] > 0
+    assert row["bytes_per_token"] == pytest.approx(roofline.bytes_per_token(
+        1.0, row["target_passes_per_token"], target, row["draft_passes_per_token"], head))
+    assert row["ops_factor"] > row["target_passes_per_token"] * (row["mean_gamma"] + 1)  # the head's FLOPs too
+    assert none["draft_passes_per_token"] == 0
