@@ -8,7 +8,7 @@ to ever pay for itself; precision problems show up against the PyTorch logits st
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,18 +144,30 @@ def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples:
                             f"the first {tokens} tokens; temperature 1, top-k {top_k}")
 
 
-def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_gamma: int = 16) -> Check:
-    """A draft whose best predicted speedup is below 1 is broken or useless (e.g. shifted vocabulary)."""
+def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_gamma: int = 16,
+                     verify_costs: Sequence[float] | None = None) -> Check:
+    """A draft whose best predicted speedup is below 1 is broken or useless (e.g. shifted vocabulary).
+    ``c``: a draft pass over a one-row target pass; ``verify_costs``: the backend's measured cost of a
+    target pass over 1, 2, ... rows (None: the paper's, every pass one row's time), which on a quantized
+    CPU target can keep a sound draft from paying."""
     name = "EAGLE-3 head pays for itself" if method == "eagle" else "draft pays for itself"
     if alpha is None:
         return Check(name, False, "no draft tokens were proposed")
-    g = theory.optimal_gamma(alpha, c, max_gamma)
-    best = theory.speedup(alpha, g, c)
-    return Check(name, best > 1.0,
-                 f"greedy α {alpha:.3f}, c {c:.3f}: best predicted speedup {best:.2f}x at γ = {g}"
-                 + ("" if best > 1.0 else " — the draft is too slow (c) or too often rejected (α: wrong model or "
-                                          "vocabulary?) to help"),
-                 {"alpha": alpha, "c": c, "best_gamma": g, "best_speedup": best})
+    g = theory.optimal_gamma(alpha, c, max_gamma, verify_costs)
+    best = theory.speedup(alpha, g, c, verify_costs)
+    paper = theory.speedup(alpha, theory.optimal_gamma(alpha, c, max_gamma), c)
+    if best > 1.0:
+        why = ""
+    elif paper > 1.0:
+        why = (f" — it would pay {paper:.2f}x if verifying γ+1 rows cost one row's time; on this backend "
+               f"{g + 1} rows cost {theory.verify_cost_at(verify_costs, g + 1):.2f}x one (a quantized target on a "
+               "CPU?): the draft is sound, the target's multi-row passes are dear")
+    else:
+        why = " — the draft is too slow (c) or too often rejected (α: wrong model or vocabulary?) to help"
+    cost = f", verify cost v({g + 1}) {theory.verify_cost_at(verify_costs, g + 1):.2f}" if verify_costs else ""
+    return Check(name, best > 1.0, f"greedy α {alpha:.3f}, c {c:.3f}{cost}: best predicted speedup {best:.2f}x "
+                                   f"at γ = {g}" + why,
+                 {"alpha": alpha, "c": c, "best_gamma": g, "best_speedup": best, "paper_speedup": paper})
 
 
 def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 500, max_new_tokens: int = 32,
@@ -177,7 +189,9 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
         greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma, plain, chat)
         yield greedy
         if method in ("draft", "eagle"):
-            yield check_draft_pays(alpha, c, method)
+            # c was measured against a (gamma+1)-row verify pass: against one row it is v(gamma+1) times that.
+            costs = gen.verify_costs()
+            yield check_draft_pays(alpha, c * theory.verify_cost_at(costs, gamma + 1), method, verify_costs=costs)
     for method in methods[:2] if head else methods[:1]:  # the chain, and the tree's point-mass acceptance
         step = (lambda done, m=method: on_progress(f"sampling {m}", done, samples)) if on_progress else None
         yield check_sampling(gen, method, prompts[0], samples, gamma, on_sample=step, chat=chat)

@@ -241,8 +241,9 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
     - greedy speculation == plain greedy decoding, token for token (EAGLE-3 chain and tree, draft, n-gram);
     - sampled speculation vs the target's exact distribution of the first tokens (enumerated from the target
       alone), total-variation distance under a stated threshold: the EAGLE-3 chain and tree, else the draft;
-    - the draft pays for itself: best predicted speedup at the measured α and c above 1
-      (a draft with a shifted vocabulary cannot change the output, only this figure).
+    - the draft pays for itself: best predicted speedup at the measured α and c above 1, with what this
+      backend's verify passes cost by row count (a draft with a shifted vocabulary cannot change the
+      output, only this figure; a sound one can still lose to dear multi-row passes, and it says so).
     Each line prints as its check ends; a bar shows the sampled checks' draws.
     """
     from rich.console import Console

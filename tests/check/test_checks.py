@@ -95,6 +95,19 @@ def test_draft_pays_is_the_theory():
     assert not check_draft_pays(None, 0.1).passed
 
 
+def test_draft_pays_weighs_what_verifying_rows_costs():
+    """A sound draft (α 0.5, c 0.2: 1.25x by the paper's cost) cannot pay where each extra verify row costs
+    0.4-0.6 of a plain pass (a quantized target on a CPU): the check says so, and says the draft is fine."""
+    dear = (1.0, 1.6, 2.0, 2.4, 2.8, 3.2, 3.6, 4.0, 4.4)
+    assert check_draft_pays(0.5, 0.2).passed
+    ch = check_draft_pays(0.5, 0.2, verify_costs=dear)
+    assert not ch.passed and ch.figures["best_speedup"] < 1 < ch.figures["paper_speedup"]
+    assert "the draft is sound" in ch.detail and "2 rows cost 1.60x one" in ch.detail
+    cheap = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4)
+    ch = check_draft_pays(0.5, 0.2, verify_costs=cheap)
+    assert ch.passed and "verify cost v(" in ch.detail
+
+
 def test_verify_cli_reports_pass_fail(close_bundle):
     res = CliRunner().invoke(main, ["verify", "--bundle", str(close_bundle), "--samples", "200",
                                     "--max-new-tokens", "16", "--prompt-set", "code"])
