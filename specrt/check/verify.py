@@ -77,8 +77,10 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
                  gamma: int, plain: list[list[int]] | None = None, chat: bool = False
                  ) -> tuple[Check, float | None, float]:
     """Greedy speculation must reproduce plain greedy decoding (``plain``: its ids per prompt, decoded here
-    if not given) token for token. Returns (check, α, c)."""
-    bad, drafted, accepted, c_values = [], 0, 0, []
+    if not given) token for token. Returns (check, α, c): α the mean Σmin(p, q) over verified positions
+    (what the theory's α is; accepted / drafted undercounts it at γ > 1, where drafts after a rejection
+    count as drafted but never get the chance to be accepted)."""
+    bad, alphas, c_values = [], [], []
     for i, prompt in enumerate(prompts):
         plain_ids = (plain[i] if plain is not None
                      else _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method="none").token_ids)
@@ -86,9 +88,10 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
         if spec.token_ids != plain_ids:
             first = next((j for j, (a, b) in enumerate(zip(spec.token_ids, plain_ids)) if a != b), len(plain_ids))
             bad.append(f"prompt {i} differs at token {first}")
-        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
+        if spec.stats.alpha_estimate is not None:
+            alphas.append((spec.stats.alpha_estimate, spec.stats.target_passes - 1))  # weighed by its steps
         c_values.append(spec.stats.c)
-    alpha = accepted / drafted if drafted else None
+    alpha = sum(a * n for a, n in alphas) / sum(n for _, n in alphas) if alphas else None
     detail = (f"{len(prompts) - len(bad)}/{len(prompts)} prompts identical to plain decoding"
               + (f" ({'; '.join(bad[:3])})" if bad else ""))
     return (Check(f"greedy {method} == plain", not bad, detail, {"mismatches": len(bad), "prompts": len(prompts)}),
