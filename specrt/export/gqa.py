@@ -6,7 +6,7 @@ re-binds 4 tensors per layer every pass (120 on a 30-layer model, ~0.35 ms of Py
 rotary pair, concatenations and opset-23 ``Attention`` become one ``com.microsoft.GroupQueryAttention``
 over the packed q|k|v projection, with ``past_key.N`` / ``present_key.N`` one [B, H_kv, capacity, D]
 buffer (head-major, as the op wants it) that the op writes the Q new rows into at the current length.
-The runtime binds the buffers once per cache; a pass re-binds only its ids, positions, mask and outputs.
+The runtime binds the buffers once per cache; a steady one-row pass re-binds only its mask.
 
 The tree mask keeps its contract: the op is causal, and the boolean mask enters as an additive
 ``attention_bias`` over [Q, past + Q]; a tree in topological order only ever removes causal edges, so
