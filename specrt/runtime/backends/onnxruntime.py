@@ -349,7 +349,7 @@ class _Summary:
             outs = {name: buf[:rows] for name, buf in self._out.items()}
             for name, buf in outs.items():
                 b.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
-            self.session.run_with_iobinding(b.binding)
+            self.session.run_with_iobinding(b)
             return outs[C.SUMMARY_VALUES].copy(), outs[C.SUMMARY_IDS].copy(), outs[C.SUMMARY_LSE].copy()
 
         fetch_row, fetch_logit = row_readers(self.memory, ptr, vocab)
