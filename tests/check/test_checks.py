@@ -18,6 +18,7 @@ from specrt.check.verify import (
     check_greedy,
     check_sampling,
     compare_to_exact,
+    row_count_tie,
 )
 from specrt.cli import main
 from specrt.measure.plan import plan_table
@@ -156,3 +157,60 @@ def test_plan_plot_writes_a_png_or_names_the_extra(tmp_path):
         assert res.exit_code == 1 and "pip install 'specrt[plot]'" in res.output
     else:
         assert res.exit_code == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _RowCountDecoder:
+    """A target whose logits for tokens a=1 and b=2 depend only on how many rows the pass had."""
+
+    def __init__(self, diff_by_rows: dict[int, float]) -> None:
+        self.diff_by_rows = diff_by_rows
+
+    def new_cache(self, n):
+        import types
+
+        return types.SimpleNamespace(advance=lambda k: None)
+
+    def forward(self, cache, ids, positions, mask):
+        import types
+
+        import numpy as np
+
+        logits = np.zeros((len(ids), 4), np.float32)
+        logits[-1, 1] = self.diff_by_rows[len(ids)]
+        return types.SimpleNamespace(logits=logits)
+
+
+def _gen_with(decoder):
+    import types
+
+    return types.SimpleNamespace(decoders={"target": decoder})
+
+
+def test_a_greedy_mismatch_is_a_row_count_tie_only_where_pass_shapes_reorder_the_two_tokens():
+    ids = [5, 6, 7, 8]
+    # one row prefers a by 0.02, three rows prefer b: both outputs are the target's own
+    tie = row_count_tie(_gen_with(_RowCountDecoder({1: 0.02, 2: 0.015, 3: -0.01, 4: 0.0})), ids, 1, 2, 3)
+    assert tie == (True, pytest.approx(0.02))
+    # a clear winner that rounding barely moves: a verify pass that chose b is a bug, not a tie
+    clear = row_count_tie(_gen_with(_RowCountDecoder({1: 3.0, 2: 2.999, 3: 3.001, 4: 3.0})), ids, 1, 2, 3)
+    assert clear == (False, pytest.approx(3.0))
+
+
+def test_check_greedy_passes_row_count_ties_and_fails_real_differences(monkeypatch):
+    import types
+
+    import specrt.check.verify as V
+
+    plain, spec = [10, 11, 12, 13], [10, 11, 99, 13]
+    result = lambda ids: types.SimpleNamespace(token_ids=ids, stats=types.SimpleNamespace(  # noqa: E731
+        alpha_estimate=0.5, target_passes=3, c=0.1))
+    monkeypatch.setattr(V, "_generate", lambda gen, prompt, chat, method, **o: result(plain if method == "none" else spec))
+    monkeypatch.setattr(V, "_encode", lambda gen, prompt, chat: [1, 2])
+    seen = []
+    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (seen.append((ids, a, b, rows)), (True, 0.01))[1])
+    ch, alpha, c = V.check_greedy(None, "eagle", ["p"], 4, 2)
+    assert ch.passed and ch.figures["row_count_ties"] == 1 and "near-ties" in ch.detail
+    assert seen == [([1, 2, 10, 11], 12, 99, 3)] and alpha == 0.5
+    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (False, 4.2))
+    ch, *_ = V.check_greedy(None, "eagle", ["p"], 4, 2)
+    assert not ch.passed and "prompt 0 differs at token 2" in ch.detail
