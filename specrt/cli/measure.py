@@ -239,6 +239,8 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
     \b
     - logits vs the PyTorch reference stored at export (precision problems, broken engines);
     - greedy speculation == plain greedy decoding, token for token (EAGLE-3 chain and tree, draft, n-gram);
+      a first difference at a near-tie within what pass shapes move the target's own logits (int8/int4
+      kernels round a row by the rows beside it) passes, and is counted and shown;
     - sampled speculation vs the target's exact distribution of the first tokens (enumerated from the target
       alone), total-variation distance under a stated threshold: the EAGLE-3 chain and tree, else the draft;
     - the draft pays for itself: best predicted speedup at the measured α and c above 1, with what this

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -113,8 +114,15 @@ def test_verify_cli_reports_pass_fail(close_bundle):
     res = CliRunner().invoke(main, ["verify", "--bundle", str(close_bundle), "--samples", "200",
                                     "--max-new-tokens", "16", "--prompt-set", "code"])
     assert "PASS  greedy draft == plain" in res.output and "PASS  target logits vs PyTorch" in res.output
-    # The close pair's draft is as large as its target (c ~ 1): it cannot pay for itself.
-    assert "FAIL  draft pays for itself" in res.output and res.exit_code == 1
+    # The close pair's draft is as large as its target (c ~ 1): it cannot pay for itself. Its c is timed, so
+    # the verdict is held to the theory at the c it printed: at c >= 1 nothing pays, whatever α and verify cost.
+    line = next(x for x in res.output.splitlines() if "draft pays for itself" in x)
+    c = float(re.search(r", c ([0-9.]+)", line).group(1))
+    if c >= 1.0:
+        assert line.startswith("FAIL")
+    best = float(re.search(r"best predicted speedup ([0-9.]+)x", line).group(1))
+    assert line.startswith("FAIL") == (best <= 1.0) and best < 1.1
+    assert res.exit_code == (1 if "FAIL" in res.output else 0)
 
 
 def test_plan_table_and_cli():
@@ -190,10 +198,13 @@ def test_a_greedy_mismatch_is_a_row_count_tie_only_where_pass_shapes_reorder_the
     ids = [5, 6, 7, 8]
     # one row prefers a by 0.02, three rows prefer b: both outputs are the target's own
     tie = row_count_tie(_gen_with(_RowCountDecoder({1: 0.02, 2: 0.015, 3: -0.01, 4: 0.0})), ids, 1, 2, 3)
-    assert tie == (True, pytest.approx(0.02))
+    assert tie == (True, pytest.approx(0.02), pytest.approx(0.03))
     # a clear winner that rounding barely moves: a verify pass that chose b is a bug, not a tie
     clear = row_count_tie(_gen_with(_RowCountDecoder({1: 3.0, 2: 2.999, 3: 3.001, 4: 3.0})), ids, 1, 2, 3)
-    assert clear == (False, pytest.approx(3.0))
+    assert clear == (False, pytest.approx(3.0), pytest.approx(0.001, abs=1e-4))
+    # a gap within how far pass shapes move this position's logits: tied, though no shape reorders them
+    small = row_count_tie(_gen_with(_RowCountDecoder({1: 0.2, 2: 0.6, 3: 0.5, 4: 0.2})), ids, 1, 2, 3)
+    assert small[0] and small[1] == pytest.approx(0.2)
 
 
 def test_check_greedy_passes_row_count_ties_and_fails_real_differences(monkeypatch):
@@ -207,10 +218,10 @@ def test_check_greedy_passes_row_count_ties_and_fails_real_differences(monkeypat
     monkeypatch.setattr(V, "_generate", lambda gen, prompt, chat, method, **o: result(plain if method == "none" else spec))
     monkeypatch.setattr(V, "_encode", lambda gen, prompt, chat: [1, 2])
     seen = []
-    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (seen.append((ids, a, b, rows)), (True, 0.01))[1])
+    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (seen.append((ids, a, b, rows)), (True, 0.01, 0.3))[1])
     ch, alpha, c = V.check_greedy(None, "eagle", ["p"], 4, 2)
-    assert ch.passed and ch.figures["row_count_ties"] == 1 and "near-ties" in ch.detail
+    assert ch.passed and ch.figures["row_count_ties"] == 1 and "near-tie" in ch.detail
     assert seen == [([1, 2, 10, 11], 12, 99, 3)] and alpha == 0.5
-    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (False, 4.2))
+    monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (False, 4.2, 0.3))
     ch, *_ = V.check_greedy(None, "eagle", ["p"], 4, 2)
     assert not ch.passed and "prompt 0 differs at token 2" in ch.detail
