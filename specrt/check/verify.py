@@ -202,15 +202,16 @@ def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_g
     g = theory.optimal_gamma(alpha, c, max_gamma, verify_costs)
     best = theory.speedup(alpha, g, c, verify_costs)
     paper = theory.speedup(alpha, theory.optimal_gamma(alpha, c, max_gamma), c)
+    v = theory.verify_cost_at(verify_costs, g + 1)
     if best > 1.0:
         why = ""
     elif paper > 1.0:
         why = (f" — it would pay {paper:.2f}x if verifying γ+1 rows cost one row's time; on this backend "
-               f"{g + 1} rows cost {theory.verify_cost_at(verify_costs, g + 1):.2f}x one (a quantized target on a "
-               "CPU?): the draft is sound, the target's multi-row passes are dear")
+               f"{g + 1} rows cost {v:.2f}x one (a quantized target on a CPU?): the draft is sound, the target's "
+               "multi-row passes are dear")
     else:
         why = " — the draft is too slow (c) or too often rejected (α: wrong model or vocabulary?) to help"
-    cost = f", verify cost v({g + 1}) {theory.verify_cost_at(verify_costs, g + 1):.2f}" if verify_costs else ""
+    cost = f", verify cost v({g + 1}) {v:.2f}" if verify_costs else ""
     return Check(name, best > 1.0, f"greedy α {alpha:.3f}, c {c:.3f}{cost}: best predicted speedup {best:.2f}x "
                                    f"at γ = {g}" + why,
                  {"alpha": alpha, "c": c, "best_gamma": g, "best_speedup": best, "paper_speedup": paper})
