@@ -275,8 +275,13 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
             if graph == C.GQA_GRAPH:
                 from .gqa import rewrite_file
 
-                with reporter.step(f"Rewriting {role} for ONNX Runtime's GroupQueryAttention"):
+                what = role + (" and its EAGLE-3 head" if head is not None else "")
+                with reporter.step(f"Rewriting {what} for ONNX Runtime's GroupQueryAttention"):
                     rewrite_file(tmp / f"{role}.onnx", tmp / f"{role}.onnx", dims)
+                    if head is not None:  # its one layer's cache too: written in place, bound once
+                        from .eagle_export import GRAPH_FILE
+
+                        rewrite_file(tmp / GRAPH_FILE, tmp / GRAPH_FILE, head.dims)
             with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
                 parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
                                       taps_reference=taps_reference)
@@ -291,7 +296,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                        **graph_cost(tmp / f"{role}.onnx").manifest_fields())
             if head is not None:
                 with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
-                    entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype)
+                    entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype, graph)
 
         with reporter.step(f"Writing bundle {out}"):
             tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
@@ -307,8 +312,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
     return manifest
 
 
-def _head_entry(info, head, tmp: Path, dtype: str) -> ModelEntry:
-    """Check the head's graph against its PyTorch reference, write its vocabulary map; its manifest entry."""
+def _head_entry(info, head, tmp: Path, dtype: str, graph: str) -> ModelEntry:
+    """Check the head's graph (exported as the target's ``graph``) against its PyTorch reference, write its
+    vocabulary map; its manifest entry."""
     import numpy as np
 
     from .eagle_export import ARCHITECTURE, GRAPH_FILE, VOCAB_FILE, check_head_parity
@@ -318,7 +324,7 @@ def _head_entry(info, head, tmp: Path, dtype: str) -> ModelEntry:
     np.save(tmp / VOCAB_FILE, head.vocab_map.astype(np.int64))
     return ModelEntry(file=GRAPH_FILE, source=info.source, architecture=ARCHITECTURE, dtype=dtype, dims=head.dims,
                       parity=parity, parity_tolerance=PARITY_TOLERANCE[dtype].to_json(),
-                      graph="fused" if head.fused else "portable", kind="eagle3", eagle_taps=info.taps,
+                      graph=graph, kind="eagle3", eagle_taps=info.taps,
                       tap_width=info.tap_width, vocab_map=VOCAB_FILE,
                       **graph_cost(tmp / GRAPH_FILE).manifest_fields())
 

@@ -297,26 +297,22 @@ def reference_head(head: Eagle3Head, embedding: torch.Tensor | None, cases: Head
 
 
 def onnx_head(path: Path, dims: C.ModelDims, dtype: str, tap_width: int, cases: HeadCases) -> dict[str, dict]:
-    """The head graph's outputs per case on ONNX Runtime, its own prefill's K/V and hidden reused."""
-    from .parity import parity_session
+    """The head graph's outputs per case on ONNX Runtime (either cache layout), its own prefill's K/V and
+    hidden reused."""
+    from .parity import OrtDecoder
 
-    session = parity_session(path)
-    names = [o.name for o in session.get_outputs()]
+    graph = OrtDecoder(path, dims, dtype)
     np_dtype = np.dtype(dtype)
-    empty = np.zeros((1, 0, dims.num_kv_heads, dims.head_dim), np_dtype)
     out: dict[str, dict] = {}
     pre = None
     for case, ids, pos, mask, taps, rows, cached in _case_calls(cases):
         q = len(ids)
-        feed = {C.INPUT_IDS: ids[None].astype(np.int64), C.POSITION_IDS: pos[None].astype(np.int64),
-                C.ATTENTION_MASK: mask,
-                C.EAGLE_TAPS: (taps[None].astype(np_dtype) if taps is not None
-                               else np.zeros((1, q, tap_width), np_dtype)),
-                C.EAGLE_FEATURES: (pre[C.HIDDEN][:, rows] if rows is not None
-                                   else np.zeros((1, q, dims.hidden_size), np_dtype)),
-                C.past_key(0): pre[C.new_key(0)] if cached else empty,
-                C.past_value(0): pre[C.new_value(0)] if cached else empty}
-        r = dict(zip(names, session.run(None, feed)))
+        extra = {C.EAGLE_TAPS: (taps[None].astype(np_dtype) if taps is not None
+                                else np.zeros((1, q, tap_width), np_dtype)),
+                 C.EAGLE_FEATURES: (pre[C.HIDDEN][:, rows] if rows is not None
+                                    else np.zeros((1, q, dims.hidden_size), np_dtype))}
+        past = [pre[C.new_key(0)], pre[C.new_value(0)]] if cached else graph.empty_past()
+        r = graph.run(ids, pos, mask, past, extra)
         if case == "prefill":
             pre = r
         out[case] = {"logits": r[C.LOGITS][0], "hidden": r[C.HIDDEN][0]}

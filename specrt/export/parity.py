@@ -141,7 +141,10 @@ def parity_session(path: Path):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
 
 
-class _OrtDecoder:
+class OrtDecoder:
+    """A graph's session called the way the runtime calls it, whatever its cache layout (a GQA graph's shared
+    head-major buffers or a fused/portable graph's past inputs and new-row outputs)."""
+
     def __init__(self, path: Path, dims: C.ModelDims, dtype: str) -> None:
         self.session = parity_session(path)
         self.dims, self.np_dtype = dims, np.dtype(dtype)
@@ -152,19 +155,25 @@ class _OrtDecoder:
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
         """(logits [Q, V], new K/V [1, Q, H_kv, D] each, eagle_taps [Q, width] or None when the graph has no
         taps). ``past``: [1, P, H_kv, D] per layer and K|V, whatever the graph's cache layout."""
+        out = self.run(ids, pos, mask, past)
+        taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
+        return out[C.LOGITS][0], [out[n] for n in self.new_names], taps
+
+    def run(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray],
+            extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Every output by name, the new K/V rows as ``new_key.N`` / ``new_value.N`` [1, Q, H_kv, D] in either
+        layout; ``extra``: further inputs by contract name (an EAGLE-3 head's taps and features)."""
         feed = {C.INPUT_IDS: ids[None].astype(np.int64), C.POSITION_IDS: pos[None].astype(np.int64),
-                C.ATTENTION_MASK: mask}
+                C.ATTENTION_MASK: mask, **(extra or {})}
         if self.shared_kv:
             return self._shared(feed, len(ids), past)
         for i in range(self.dims.num_layers):
             feed[C.past_key(i)], feed[C.past_value(i)] = past[2 * i], past[2 * i + 1]
-        out = dict(zip(self.outputs, self.session.run(None, feed)))
-        taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
-        return out[C.LOGITS][0], [out[n] for n in self.new_names], taps
+        return dict(zip(self.outputs, self.session.run(None, feed)))
 
-    def _shared(self, feed: dict, q_len: int, past: list[np.ndarray]):
-        """A GQA graph, called as the runtime calls it: each layer's head-major buffer bound as its past and
-        its present, with room to spare after the new rows (the op must not assume the buffer ends there)."""
+    def _shared(self, feed: dict, q_len: int, past: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """A GQA graph: each layer's head-major buffer bound as its past and its present, with room to spare
+        after the new rows (the op must not assume the buffer ends there)."""
         p = past[0].shape[1]
         buffers = [np.zeros((1, self.dims.num_kv_heads, p + q_len + 3, self.dims.head_dim), self.np_dtype)
                    for _ in past]
@@ -183,8 +192,8 @@ class _OrtDecoder:
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
         out = dict(zip(others, binding.copy_outputs_to_cpu()[-len(others):]))
-        taps = out[C.EAGLE_TAPS][0] if C.EAGLE_TAPS in out else None
-        return out[C.LOGITS][0], [buf[:, :, p:p + q_len].transpose(0, 2, 1, 3) for buf in buffers], taps
+        out.update((name, buf[:, :, p:p + q_len].transpose(0, 2, 1, 3)) for name, buf in zip(self.new_names, buffers))
+        return out
 
     def empty_past(self) -> list[np.ndarray]:
         shape = (1, 0, self.dims.num_kv_heads, self.dims.head_dim)
@@ -195,7 +204,7 @@ def onnx_outputs(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCa
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
     """The exported graph's logits for every case, each called the way the runtime calls it, and its
     ``eagle_taps`` where it has that output (else None)."""
-    ort_model = _OrtDecoder(onnx_path, dims, dtype)
+    ort_model = OrtDecoder(onnx_path, dims, dtype)
     p = len(cases.prompt)
     pre, pre_kv, pre_taps = ort_model(cases.prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
     n = len(cases.chain)

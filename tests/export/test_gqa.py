@@ -107,6 +107,8 @@ def test_fp16_and_eagle_targets_rewrite_too(pairs, tmp_path):
     """fp16 caches (the op's float16 kernel, an fp16 bias) and a target with EAGLE-3 taps beside its head."""
     from support.models import make_tokenizer, save_eagle_head, save_model
 
+    from specrt.export.quantize import QuantizeOptions, quantize_bundle
+
     target, draft = pairs["llama"]
     for graph in ("gqa", "fused"):
         export_bundle(str(target), str(draft), tmp_path / graph, ExportOptions(graph=graph, dtype="float16"))
@@ -119,12 +121,18 @@ def test_fp16_and_eagle_targets_rewrite_too(pairs, tmp_path):
     head = save_eagle_head(tmp_path / "head", deep, seed=3, draft_vocab=240, ascending=False)
     export_bundle(str(deep), None, tmp_path / "eagle", ExportOptions(graph="gqa"), eagle=str(head))
     manifest = load_manifest(tmp_path / "eagle")
-    assert manifest.target.graph == "gqa" and manifest.models["eagle"].graph == "fused"
-    gen = specrt.load(tmp_path / "eagle", threads=1)
-    want = gen.generate(PROMPT, max_new_tokens=24, method="none").token_ids
-    for method in ("eagle", "eagle-tree"):
-        got = gen.generate(PROMPT, max_new_tokens=24, method=method)
-        assert got.token_ids == want and got.stats.drafted > 0, method
+    # the head's one layer is rewritten too (its cache written in place), and its parity ran on that graph
+    assert manifest.target.graph == "gqa" and manifest.models["eagle"].graph == "gqa"
+    assert _ops(tmp_path / "eagle", "eagle")["GroupQueryAttention"] == 1
+    assert set(manifest.models["eagle"].parity) == {"prefill", "step", "chain", "tree"}
+    quantize_bundle(tmp_path / "eagle", tmp_path / "q8", QuantizeOptions(bits=None, eagle_bits=8))
+    assert load_manifest(tmp_path / "q8").models["eagle"].graph == "gqa"
+    for bundle in ("eagle", "q8"):
+        gen = specrt.load(tmp_path / bundle, threads=1)
+        want = gen.generate(PROMPT, max_new_tokens=24, method="none").token_ids
+        for method in ("eagle", "eagle-tree"):
+            got = gen.generate(PROMPT, max_new_tokens=24, method=method)
+            assert got.token_ids == want and got.stats.drafted > 0, (bundle, method)
 
 
 def test_a_steady_one_row_step_rebinds_only_the_mask(gqa_bundle):
