@@ -86,8 +86,9 @@ class CachedModel:
         """Device-to-host bytes of every pass so far, including rows copied up after the pass."""
         return self._copied + (self._device.copied_bytes if self._device is not None else 0)
 
-    def reset(self) -> None:
-        self.cache.truncate(0)
+    def reset(self, keep: int = 0) -> None:
+        """A new generation: the per-generation figures cleared, the cache cut to its first ``keep`` entries."""
+        self.cache.truncate(min(keep, self.cache.length))
         self.passes = 0
         self._copied, self._device = 0, None
         self.forward_s = 0.0

@@ -61,7 +61,7 @@ class ModelDrafter:
         return cls(ctx.model, ctx.draft_stop)
 
     def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
-        self.model.feed(tokens, sampling)
+        self.model.feed(tokens[self.model.cache.length:], sampling)  # a kept prefix is not fed again
 
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         if gamma == 0:

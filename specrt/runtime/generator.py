@@ -140,6 +140,11 @@ class SpeculativeGenerator:
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self._verify_costs: tuple[float, ...] | None = None
+        # Off by default, so every generation costs what the last did (benchmarks). On, a generation whose
+        # prompt starts as the last one's context did (the turns of a conversation, one prompt sampled again)
+        # feeds only the rest: each cache keeps what it holds of that context.
+        self.reuse_prefix = False
+        self._held: list[int] = []  # the last generation's context; every cache holds a prefix of it
 
     @property
     def max_context(self) -> int:
@@ -282,30 +287,60 @@ class SpeculativeGenerator:
         auto = opts.gamma == "auto" and method != "none" and not drafter.proposes_trees
         stepper = (TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
                    else ChainStepper(opts.gamma if method != "none" else 0, self.verify_costs() if auto else None))
-        for m in self._models.values():
-            m.reset()
+        reused = self._rewind(tokens, drafter)
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),
-                            stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens)))
+                            stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens), reused_tokens=reused))
         tracker = _TextTracker(self.tokenizer, opts.stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
         finish = "length"
-        for chunk in decode(state, opts.max_new_tokens, stepper, stop_ids):
-            piece = tracker.push(chunk)
-            if piece:
-                yield piece
-            if tracker.stopped:
-                finish = "stop"
-                break
-        else:
-            if state.stats.new_tokens < opts.max_new_tokens:
-                finish = "eos"
+        try:
+            for chunk in decode(state, opts.max_new_tokens, stepper, stop_ids):
+                piece = tracker.push(chunk)
+                if piece:
+                    yield piece
+                if tracker.stopped:
+                    finish = "stop"
+                    break
+            else:
+                if state.stats.new_tokens < opts.max_new_tokens:
+                    finish = "eos"
+        except GeneratorExit:  # the caller stopped reading: between steps, the caches are consistent
+            self._hold(state.tokens)
+            raise
+        self._hold(state.tokens)
         tail = tracker.flush()
         if tail:
             yield tail
         state.stats.engine_s = sum(m.forward_s for m in self._models.values())
         state.stats.target_copied_bytes = state.target.copied_bytes
         return GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
+
+    def _rewind(self, tokens: list[int], drafter: Drafter) -> int:
+        """Cut every cache to what this generation can keep of it (nothing unless ``reuse_prefix``); returns
+        the prompt tokens the models it runs need not be fed again."""
+        common = _common_prefix(self._held, tokens) if self.reuse_prefix else 0
+        self._held = []  # until this generation leaves its caches consistent
+        # An EAGLE-3 head's row j read token j+1 too.
+        limit = {role: common - 1 if role == "eagle" else common for role in self._models}
+        for role, m in self._models.items():
+            m.reset(max(limit[role], 0))
+        used = (["target"] + ["draft"] * drafter.needs_draft_model
+                + ["eagle"] * getattr(drafter, "needs_eagle", False))
+        # The prompt's last two tokens are fed again: quantized kernels compute a one-row pass differently
+        # from a multi-row one (MatMulNBits int8: logits up to 0.7 apart; multi-row passes agree row for
+        # row), so the first token comes out as a prefill of the whole prompt would give it.
+        keep = max(0, min([len(tokens) - 2] + [self._models[r].cache.length for r in used]))
+        for role in used:  # the head's catch-up reads the target's taps from where both caches end
+            self._models[role].reset(keep)
+        return keep
+
+    def _hold(self, tokens: list[int]) -> None:
+        """Record the context this generation ended with; no cache keeps entries beyond it (accepted tokens
+        after a stop id)."""
+        for m in self._models.values():
+            m.cache.truncate(min(m.cache.length, len(tokens)))
+        self._held = list(tokens)
 
     def generate(self, prompt: str, options: DecodeOptions | None = None, **changes: Any) -> GenerationResult:
         """Generate in one call; options as for :meth:`stream`."""
@@ -316,6 +351,12 @@ class SpeculativeGenerator:
         """The assistant's reply to ``messages`` in one call; options as for :meth:`stream`, e.g.
         ``gen.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]).text``."""
         return self.stream_chat(messages, options, **changes).result
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
 
 
 def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None,

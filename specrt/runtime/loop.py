@@ -33,9 +33,10 @@ class DecodeState:
 
 
 def prefill(s: DecodeState) -> int:
-    """Run the prompt through target and drafter; the target's distribution gives the first token."""
+    """Run the prompt (what the target's cache lacks of it) through target and drafter; the target's
+    distribution gives the first token."""
     with s.stats.timed("prefill"):
-        p = s.target.feed(s.tokens, s.sampling)[0]
+        p = s.target.feed(s.tokens[s.target.cache.length:], s.sampling)[0]
         s.hidden = s.target.hidden[-1]
         s.drafter.prefill(s.tokens, s.sampling)
     return p.sample(s.rng)

@@ -25,6 +25,7 @@ class StatsRecorder:
     method: str
     gamma_requested: int | str
     prompt_tokens: int = 0  # the context every pass reads before the first new token (bytes per token)
+    reused_tokens: int = 0  # prompt tokens whose K/V the previous generation left (reuse_prefix)
     new_tokens: int = 0
     steps: int = 0  # target passes after prefill
     drafted: int = 0
@@ -79,7 +80,8 @@ class StatsRecorder:
             d2h_bytes_per_target_pass=self.target_copied_bytes / passes,
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
-                                for d in range(max(self.accepted_lengths, default=0))])
+                                for d in range(max(self.accepted_lengths, default=0))],
+            reused_tokens=self.reused_tokens)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class GenerationStats:
     tokens_per_second: float
     # fraction of speculative steps whose accepted run reached depth d+1 (chains and trees alike)
     accepted_per_depth: list[float] = field(default_factory=list)
+    # prompt tokens not fed again: their K/V was left by the previous generation (reuse_prefix)
+    reused_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
