@@ -142,33 +142,65 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
 
 
 def exact_distribution(gen: SpeculativeGenerator, prompt_ids: list[int], tokens: int,
-                       sampling: SamplingConfig) -> dict[tuple[int, ...], float]:
-    """P(the next ``tokens`` tokens) under the target alone, by enumerating the warped support: one cacheless
-    target pass per prefix (1 + k + k² + ... passes at top-k k), no sampling, no speculation."""
+                       sampling: SamplingConfig, one_row: bool = False) -> dict[tuple[int, ...], float]:
+    """P(the next ``tokens`` tokens) under the target alone, by enumerating the warped support; no sampling,
+    no speculation. Each prefix is one cacheless pass (1 + k + k² + ... passes at top-k k), or, ``one_row``,
+    one row per pass from the prompt's last token on, after the prompt's prefill (plain decoding's shapes)."""
     dec = gen.decoders["target"]
-    dist = {(): 1.0}
-    for _ in range(tokens):
-        grown = {}
-        for seq, pr in dist.items():
-            ids = np.asarray(prompt_ids + list(seq), np.int64)
-            logits = dec.forward(dec.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits
-            p = probs_from_logits(logits[-1:], sampling)[0]
-            grown.update(((*seq, int(t)), pr * float(p[t])) for t in np.flatnonzero(p))
-        dist = grown
+    if not one_row:
+        dist = {(): 1.0}
+        for _ in range(tokens):
+            grown = {}
+            for seq, pr in dist.items():
+                ids = np.asarray(prompt_ids + list(seq), np.int64)
+                logits = dec.forward(dec.new_cache(len(ids)), ids, np.arange(len(ids)),
+                                     causal_mask(len(ids), 0)).logits
+                p = probs_from_logits(logits[-1:], sampling)[0]
+                grown.update(((*seq, int(t)), pr * float(p[t])) for t in np.flatnonzero(p))
+            dist = grown
+        return dist
+    start = len(prompt_ids) - 1
+    cache = dec.new_cache(start + 1 + tokens)
+    dec.forward(cache, np.asarray(prompt_ids, np.int64), np.arange(start + 1), causal_mask(start + 1, 0))
+    cache.advance(start + 1)
+    dist: dict[tuple[int, ...], float] = {}
+
+    def walk(seq: tuple[int, ...], pr: float, token: int) -> None:
+        at = start + len(seq)  # this row's position; the cache holds prompt + seq before it
+        cache.truncate(at)
+        logits = dec.forward(cache, np.asarray([token], np.int64), np.array([at]), causal_mask(1, at)).logits
+        cache.advance(1)
+        p = probs_from_logits(logits[-1:], sampling)[0]
+        for t in np.flatnonzero(p):
+            if len(seq) + 1 == tokens:
+                dist[(*seq, int(t))] = pr * float(p[t])
+            else:
+                walk((*seq, int(t)), pr * float(p[t]), int(t))
+
+    walk((), 1.0, prompt_ids[-1])
     return dist
 
 
-def compare_to_exact(name: str, counts: Counter, exact: dict[tuple[int, ...], float], note: str) -> Check:
+def total_variation(a: dict[tuple[int, ...], float], b: dict[tuple[int, ...], float]) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in a.keys() | b.keys())
+
+
+def compare_to_exact(name: str, counts: Counter, exact: dict[tuple[int, ...], float], note: str,
+                     slack: float = 0.0) -> Check:
     """Total-variation distance between ``counts`` (n draws) and the exact distribution. With K outcomes,
-    E[TV(empirical, p)] <= 0.5 sqrt(K/n); the check fails above 1.5 times that bound."""
+    E[TV(empirical, p)] <= 0.5 sqrt(K/n); the check fails above 1.5 times that bound, plus ``slack``: how
+    far the target's own distribution moves with the shapes of the passes that compute it (0 where its
+    numerics do not depend on them)."""
     n = sum(counts.values())
     outcomes = counts.keys() | exact.keys()
-    tv = 0.5 * sum(abs(counts[k] / n - exact.get(k, 0.0)) for k in outcomes)
-    threshold = 0.75 * float(np.sqrt(len(outcomes) / n))
+    tv = total_variation({k: v / n for k, v in counts.items()}, exact)
+    threshold = 0.75 * float(np.sqrt(len(outcomes) / n)) + slack
+    moved = (f", of which {slack:.3f} is what pass shapes alone move the target's distribution (quantized "
+             "kernels)" if slack >= 0.0005 else "")
     return Check(name, tv <= threshold,
                  f"TV distance {tv:.3f} from the target's exact distribution over {n} samples of {note} "
-                 f"(threshold {threshold:.3f} for {len(outcomes)} outcomes)",
-                 {"tv": tv, "threshold": threshold, "outcomes": len(outcomes), "samples": n})
+                 f"(threshold {threshold:.3f} for {len(outcomes)} outcomes{moved})",
+                 {"tv": tv, "threshold": threshold, "outcomes": len(outcomes), "samples": n, "shape_tv": slack})
 
 
 def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples: int, gamma: int,
@@ -179,15 +211,26 @@ def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples:
     support small: at most top_k^tokens sequences. Against the exact side, n samples test as tightly as 4n
     would against a second empirical sample, at a quarter of the generations."""
     sampling = SamplingConfig(temperature=1.0, top_k=top_k)
-    exact = exact_distribution(gen, _encode(gen, prompt, chat), tokens, sampling)
+    ids = _encode(gen, prompt, chat)
+    # Quantized kernels compute a one-row pass differently from a pass of two rows or more (MatMulNBits int8:
+    # logits up to 0.7 apart; any two multi-row passes agree per row), and a draw's passes are mostly
+    # multi-row: how far one-row passes move the target's distribution widens the threshold (~0 at fp32).
+    exact = exact_distribution(gen, ids, tokens, sampling)
+    shapes = total_variation(exact, exact_distribution(gen, ids, tokens, sampling, one_row=True))
     counts: Counter = Counter()
-    for seed in range(samples):
-        counts[tuple(_generate(gen, prompt, chat, max_new_tokens=tokens, method=method, gamma=gamma, temperature=1.0,
-                                  top_k=top_k, seed=seed).token_ids)] += 1
-        if on_sample:
-            on_sample(seed + 1)  # draws done
+    # The draws share the prompt's K/V, prefilled by the first; each later one feeds only the prompt's last
+    # two tokens (SmolLM2 int8: 20 against 150 ms) and computes the first token as a prefill would.
+    reuse, gen.reuse_prefix = gen.reuse_prefix, True
+    try:
+        for seed in range(samples):
+            counts[tuple(_generate(gen, prompt, chat, max_new_tokens=tokens, method=method, gamma=gamma,
+                                      temperature=1.0, top_k=top_k, seed=seed).token_ids)] += 1
+            if on_sample:
+                on_sample(seed + 1)  # draws done
+    finally:
+        gen.reuse_prefix = reuse
     return compare_to_exact(f"sampled {method} ~ target", counts, exact,
-                            f"the first {tokens} tokens; temperature 1, top-k {top_k}")
+                            f"the first {tokens} tokens; temperature 1, top-k {top_k}", slack=shapes)
 
 
 def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_gamma: int = 16,
