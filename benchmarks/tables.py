@@ -261,6 +261,21 @@ table("smollm2-eagle3-r4-cpu", "smollm2-eagle3-r4-cpu.json")(bench_table)
 table("smollm2-eagle3-r4-int8-cpu", "smollm2-eagle3-r4-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-r4-t07-cpu", "smollm2-eagle3-r4-t07-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-cpu", "smollm2-eagle3-auto-gamma-cpu.json")(bench_table)
+
+
+def head_graphs(data: dict) -> str:
+    """`specrt bench` runs of one head in two graphs, back to back: none against eagle, and the head's pass."""
+    rows = []
+    for label, run in data["runs"].items():
+        none, eagle = run["methods"]["none"], run["methods"]["eagle"]
+        rows.append([label, f"{none['tokens_per_second']:.1f}", f"{eagle['tokens_per_second']:.1f}",
+                     _x(eagle["speedup_vs_none"]), f"{eagle['tokens_per_target_pass']:.2f}",
+                     f"{eagle['draft_pass_ms']:.2f} ms", f"{eagle['target_pass_ms']:.1f} ms", f"{eagle['c']:.3f}"])
+    return _md(["bundle", "none tokens/s", "eagle tokens/s", "eagle vs none", "tokens / target pass",
+                "head pass", "verify pass", "c"], rows)
+
+
+table("smollm2-eagle3-gqa-head-cpu", "smollm2-eagle3-gqa-head-cpu.json")(head_graphs)
 table("smollm2-eagle3-auto-gamma-int8-cpu", "smollm2-eagle3-auto-gamma-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-t07-cpu", "smollm2-eagle3-auto-gamma-t07-cpu.json")(bench_table)
 def host_work(data: dict) -> str:
@@ -278,6 +293,22 @@ def host_work(data: dict) -> str:
 
 
 table("host-work-cpu", "host-work-cpu.json")(host_work)
+
+
+def row_numerics(data: dict) -> str:
+    """benchmarks/row_numerics.py: the last prompt row by an r-row pass against the prefill's."""
+    rows = []
+    for name, b in data["bundles"].items():
+        what = f"int{b['quantization']}" if b["quantization"] else b["dtype"]
+        rows.append([f"{name} ({what}, {b['graph']})", str(b["prompts"]),
+                     *(_e(b["max_abs_logit_diff"][str(r)]) if b["max_abs_logit_diff"][str(r)] else "0"
+                       for r in data["rows"]),
+                     _pct(b["top1_same"]["1"])])
+    return _md(["target", "prompts", *(f"{r} row{'s' * (r > 1)}" for r in data["rows"]),
+                "same top token, 1 row"], rows)
+
+
+table("row-numerics-cpu", "row-numerics-cpu.json")(row_numerics)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)

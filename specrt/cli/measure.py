@@ -242,7 +242,9 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
       a first difference at a near-tie within what pass shapes move the target's own logits (int8/int4
       kernels round a row by the rows beside it) passes, and is counted and shown;
     - sampled speculation vs the target's exact distribution of the first tokens (enumerated from the target
-      alone), total-variation distance under a stated threshold: the EAGLE-3 chain and tree, else the draft;
+      alone), total-variation distance under a stated threshold, widened by how far one-row passes alone move
+      that distribution on a quantized target (shown): the EAGLE-3 chain and tree, else the draft; the draws
+      share the prompt's K/V;
     - the draft pays for itself: best predicted speedup at the measured α and c above 1, with what this
       backend's verify passes cost by row count (a draft with a shifted vocabulary cannot change the
       output, only this figure; a sound one can still lose to dear multi-row passes, and it says so).

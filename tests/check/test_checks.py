@@ -19,6 +19,7 @@ from specrt.check.verify import (
     check_greedy,
     check_sampling,
     compare_to_exact,
+    exact_distribution,
     row_count_tie,
 )
 from specrt.cli import main
@@ -65,6 +66,29 @@ def test_greedy_and_sampling_checks_pass_on_an_exact_runtime(close):
     seen = []
     ch = check_sampling(close, "draft", prompts[0], samples=300, gamma=4, on_sample=seen.append)
     assert ch.passed and ch.figures["outcomes"] <= 16 and seen == list(range(1, 301))
+    # fp32: one-row and multi-row passes agree, so the threshold is the statistical one alone
+    assert ch.figures["shape_tv"] < 1e-3 and "pass shapes" not in ch.detail
+    assert close.reuse_prefix is False  # the draws shared the prompt's K/V, and the setting is put back
+
+
+def test_the_exact_distribution_is_the_same_decoded_one_row_at_a_time(close):
+    from specrt.runtime.sampling import SamplingConfig
+
+    ids = close.encode("def fib(n):")
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    whole, rows = exact_distribution(close, ids, 3, cfg), exact_distribution(close, ids, 3, cfg, one_row=True)
+    assert whole.keys() == rows.keys() and len(whole) == 27
+    assert sum(rows.values()) == pytest.approx(1.0) and max(abs(whole[k] - rows[k]) for k in whole) < 1e-5
+
+
+def test_pass_shape_slack_widens_the_threshold_and_says_so():
+    """Where the target's own distribution moves by δ with the passes' shapes (quantized kernels), a sampler
+    that is δ off the reference is the target's: the threshold grows by δ, and the detail shows it."""
+    exact = {(1,): 0.6, (2,): 0.4}
+    off = Counter({(1,): 1300, (2,): 700})  # 0.05 from the reference
+    assert not compare_to_exact("x", off, exact, "").passed
+    ch = compare_to_exact("x", off, exact, "", slack=0.05)
+    assert ch.passed and ch.figures["shape_tv"] == 0.05 and "0.050 is what pass shapes alone move" in ch.detail
 
 
 def test_the_sampling_check_catches_a_biased_sampler():
