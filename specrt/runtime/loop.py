@@ -30,6 +30,15 @@ class DecodeState:
     rng: np.random.Generator
     stats: StatsRecorder
     hidden: np.ndarray | None = None  # target's final hidden state at the last accepted token (Medusa)
+    min_rows: int = 1  # 2: DecodeOptions.row_stable
+
+
+def verify_rows(s: DecodeState, drafted: list[int]) -> list[int]:
+    """What the target's verify pass feeds: the context its cache lacks, then the drafts; at least
+    ``s.min_rows`` rows, taking back cached tokens (recomputed alike: multi-row passes agree row for row)."""
+    start = max(0, min(s.target.cache.length, len(s.tokens) + len(drafted) - s.min_rows))
+    s.target.cache.truncate(start)
+    return s.tokens[start:] + drafted
 
 
 def prefill(s: DecodeState) -> int:
@@ -51,7 +60,7 @@ def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]
     t1 = time.perf_counter()
     # The token emitted last (not yet in the target's cache) + the drafts, in one pass: k+1 rows of
     # logits, warped into p only as far as verification reads them.
-    p = s.target.feed(s.tokens[s.target.cache.length:] + proposal.tokens, s.sampling, last=k + 1)
+    p = s.target.feed(verify_rows(s, proposal.tokens), s.sampling, last=k + 1)
     t2 = time.perf_counter()
     n, next_token = accept_chain(p, proposal.dists, proposal.tokens, s.rng)
     # Rejected drafts are forgotten by moving a length: O(1), nothing copied.
@@ -69,8 +78,7 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
     tree = s.drafter.propose_tree(s.tokens, max_depth, s.sampling, s.rng, s.hidden)
     t1 = time.perf_counter()
     # The target's missing context (ending with the root) + the tree below it: rows [root, node 0..N-1].
-    missing = s.tokens[s.target.cache.length:]
-    p = s.target.feed(missing + tree.tokens, s.sampling, last=len(tree.tokens) + 1, tree_parents=tree.parents)
+    p = s.target.feed(verify_rows(s, tree.tokens), s.sampling, last=len(tree.tokens) + 1, tree_parents=tree.parents)
     t2 = time.perf_counter()
     if s.sampling.greedy:
         path, next_token = verify_tree_greedy(p, tree)

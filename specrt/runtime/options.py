@@ -44,6 +44,11 @@ class DecodeOptions:
     # A chain (eagle, draft) stops early once the drafter's own softmax gives its next token less than this
     # (0: never; Hugging Face's assistant_confidence_threshold). The length then depends on q alone: exact.
     draft_stop: float = 0.0
+    # Every target pass after the prefill at least two rows (a one-row step feeds the token before again):
+    # quantized kernels compute a one-row pass differently from a multi-row one, and any two multi-row
+    # passes agree row for row, so greedy speculation then reproduces plain decoding bit for bit on int8 /
+    # int4 targets too, for a 2-row pass's cost per plain step (SmolLM2 int8: 1.09-1.17x a row).
+    row_stable: bool = False
 
     def __post_init__(self) -> None:
         # Accept the spellings callers have (a tree as "2,2,1,1" or widths, one stop string or a list) and
