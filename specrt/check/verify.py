@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import theory
 from ..bundle.parity import decisive
+from ..runtime.drafters import proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.masks import causal_mask
 from ..runtime.sampling import SamplingConfig, probs_from_logits
@@ -103,20 +104,24 @@ def row_count_tie(gen: SpeculativeGenerator, ids: list[int], a: int, b: int, max
 
 
 def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max_new_tokens: int,
-                 gamma: int, plain: list[list[int]] | None = None, chat: bool = False
+                 gamma: int, plain: list[list[int]] | None = None, chat: bool = False, row_stable: bool = False
                  ) -> tuple[Check, float | None, float]:
     """Greedy speculation must reproduce plain greedy decoding (``plain``: its ids per prompt, decoded here
-    if not given) token for token, except where the first difference is a near-tie within what pass shapes
-    move the target's own logits (:func:`row_count_tie`: each output is then the target's, and the check
-    says so). Returns
+    if not given) token for token, both ``row_stable`` if asked (no one-row target pass: quantized kernels
+    compute one row differently from several, while multi-row causal passes agree row for row, so a chain
+    then matches exactly). A first difference at a near-tie within what pass shapes move the target's own
+    logits passes, said (:func:`row_count_tie`; a tree node's attention spans the slots before it, not its
+    depth, so trees keep near-ties even row-stable; each output is the target's). Returns
     (check, α, c): α the mean Σmin(p, q) over verified positions (what the theory's α is; accepted /
     drafted undercounts it at γ > 1, where drafts after a rejection count as drafted but never get the
     chance to be accepted)."""
     bad, ties, alphas, c_values = [], [], [], []
     for i, prompt in enumerate(prompts):
         plain_ids = (plain[i] if plain is not None
-                     else _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method="none").token_ids)
-        spec = _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method=method, gamma=gamma)
+                     else _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method="none",
+                                    row_stable=row_stable).token_ids)
+        spec = _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method=method, gamma=gamma,
+                         row_stable=row_stable)
         if spec.token_ids != plain_ids:
             first = next((j for j, (a, b) in enumerate(zip(spec.token_ids, plain_ids)) if a != b), len(plain_ids))
             tie = None
@@ -274,9 +279,13 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
     head = gen.manifest.eagle is not None
     methods = ((["eagle", "eagle-tree"] if head else []) + (["draft"] if gen.manifest.draft is not None else [])
                + ["ngram"])
-    plain = [_generate(gen, p, chat, max_new_tokens=max_new_tokens, method="none").token_ids for p in prompts]
+    plain: dict[bool, list[list[int]]] = {}  # plain decoding's ids per prompt, by row_stable
     for method in methods:
-        greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma, plain, chat)
+        stable = not proposes_trees(method)  # a chain then matches plain decoding exactly (check_greedy)
+        if stable not in plain:
+            plain[stable] = [_generate(gen, p, chat, max_new_tokens=max_new_tokens, method="none",
+                                       row_stable=stable).token_ids for p in prompts]
+        greedy, alpha, c = check_greedy(gen, method, prompts, max_new_tokens, gamma, plain[stable], chat, stable)
         yield greedy
         if method in ("draft", "eagle"):
             # c was measured against a (gamma+1)-row verify pass: against one row it is v(gamma+1) times that.
