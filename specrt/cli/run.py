@@ -116,6 +116,11 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--max-queue", type=int, default=16, show_default=True,
               help="Requests that may wait for the generator besides the one it runs; past that: 429 with "
                    "Retry-After.")
+@click.option("--reuse-prefix", is_flag=True,
+              help="Keep the last request's context in the caches: a request that starts the same way (a "
+                   "conversation re-sent with its new turn, as OpenAI clients do; a shared system prompt) "
+                   "feeds only the rest, counted in usage.prompt_tokens_details.cached_tokens. On int8/int4 "
+                   "bundles a reply can then differ from a fresh one's at a near-tie (each is the target's).")
 @click.option("--api-key", envvar="SPECRT_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise). Prefer the environment "
                    "variable: a command line is visible to every user of the machine.")
@@ -144,7 +149,7 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
                    "unset).")
 def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, draft_stop: float, tree_shape: str,
           eagle_tree: str,
-          max_queue: int,
+          max_queue: int, reuse_prefix: bool,
           api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
           threads: int | None, log_level: str, low_memory: bool | None, replicas: int | None,
           min_replicas: int | None, max_replicas: int | None, ray_address: str | None, replica_gpus: float) -> None:
@@ -183,7 +188,7 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
                                    "pip install 'specrt[serve]'") from None
     config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, eagle_tree=eagle_tree,
-                         draft_stop=draft_stop,
+                         draft_stop=draft_stop, reuse_prefix=reuse_prefix,
                          max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)

@@ -52,6 +52,9 @@ class ServeConfig:
     tree: str = "2,2,1,1"
     eagle_tree: str = "4,4,16"
     draft_stop: float = 0.0
+    # Keep the last request's context in the caches (SpeculativeGenerator.reuse_prefix): a request that re-sends
+    # a conversation, as OpenAI clients do every turn, feeds only its new part.
+    reuse_prefix: bool = False
     max_queue: int = 16  # requests waiting for the generator, besides the one it runs
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
@@ -202,6 +205,7 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = 
     ``replica`` names this copy of the app in every answer's ``specrt`` object and in ``/health`` (on Ray Serve:
     the replica's id; one process: "0"). The generator's worker thread starts and stops with the app's lifespan."""
     metrics = metrics if metrics is not None else ServeMetrics()
+    gen.reuse_prefix = config.reuse_prefix  # the scheduler's one worker thread runs every request in turn
     scheduler = Scheduler(gen, config.max_queue, metrics, config.options)
     model = model_id(gen, config)
     has_template = gen.manifest.tokenizer.chat_template is not None
@@ -299,7 +303,9 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = 
                 yield _sse(last)
                 if req.include_usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
                     tail = protocol.chunk(req, rid, model)
-                    tail["choices"], tail["usage"] = [], protocol.usage(started.prompt_tokens, len(result.token_ids))
+                    tail["choices"] = []
+                    tail["usage"] = protocol.usage(started.prompt_tokens, len(result.token_ids),
+                                                   result.stats.reused_tokens)
                     yield _sse(tail)
                 yield b"data: [DONE]\n\n"
                 outcome["status"] = "200"

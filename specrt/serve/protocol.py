@@ -184,9 +184,11 @@ def new_id(req: GenerationRequest) -> str:
     return ("chatcmpl-" if req.is_chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens whose K/V the last request left (--reuse-prefix)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def extension(stats: Any, replica: str | None = None) -> dict[str, Any]:
@@ -208,7 +210,8 @@ def response(req: GenerationRequest, rid: str, model: str, result: Any, prompt_t
     else:
         obj, choice = "text_completion", {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
     return {"id": rid, "object": obj, "created": req.created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, len(result.token_ids)), "specrt": extension(result.stats, replica)}
+            "usage": usage(prompt_tokens, len(result.token_ids), result.stats.reused_tokens),
+            "specrt": extension(result.stats, replica)}
 
 
 def chunk(req: GenerationRequest, rid: str, model: str, text: str | None = None, *, first: bool = False,

@@ -387,6 +387,7 @@ def test_chat_equals_gen_chat(chat_server, chat_bundle):
     assert out.choices[0].message.content == expected.text
     assert out.usage.prompt_tokens == len(gen.encode_chat(MESSAGES))
     assert out.usage.completion_tokens == len(expected.token_ids)
+    assert out.usage.prompt_tokens_details.cached_tokens == 0  # no --reuse-prefix: every prompt fed whole
     assert out.specrt["method"] == "ngram"
 
     parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in MESSAGES]
@@ -403,6 +404,30 @@ def test_chat_without_max_tokens_fills_at_most_the_context(chat_server, chat_bun
     expected = gen.chat(MESSAGES, max_new_tokens=gen.max_context - len(gen.encode_chat(MESSAGES)), method="ngram")
     assert out.choices[0].message.content == expected.text
     assert out.usage.total_tokens <= gen.max_context
+
+
+def test_reuse_prefix_feeds_only_a_conversations_new_turn(chat_bundle, tmp_path):
+    """OpenAI clients re-send the whole conversation every turn: with --reuse-prefix the server keeps the last
+    request's context and feeds the rest; the reply is what a fresh generation gives (fp32), the kept tokens
+    are OpenAI's usage.prompt_tokens_details.cached_tokens, and without the flag nothing is kept."""
+    gen = specrt.load(chat_bundle, threads=1)
+    s = Server(tmp_path, "--bundle", str(chat_bundle), "--method", "ngram", "--model-name", "tiny-instruct",
+               "--reuse-prefix")
+    try:
+        client = s.client()
+        first = client.chat.completions.create(model="tiny-instruct", messages=MESSAGES, max_tokens=12, temperature=0)
+        assert first.usage.prompt_tokens_details.cached_tokens <= 1  # the server's warm-up shared its BOS at most
+        turn = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
+                           {"role": "user", "content": "and fib(10)?"}]
+        chunks = list(client.chat.completions.create(model="tiny-instruct", messages=turn, max_tokens=12,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        expected = gen.chat(turn, max_new_tokens=12, method="ngram")
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+        cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
+        assert len(gen.encode_chat(MESSAGES)) - 2 <= cached < chunks[-1].usage.prompt_tokens
+    finally:
+        _stopped_cleanly(s)
 
 
 def test_a_template_refusing_the_messages_is_a_400(chat_server):
