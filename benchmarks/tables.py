@@ -309,6 +309,21 @@ def row_numerics(data: dict) -> str:
 
 
 table("row-numerics-cpu", "row-numerics-cpu.json")(row_numerics)
+
+
+def prefix_reuse(data: dict) -> str:
+    """benchmarks/prefix_reuse.py: time to first token per turn, the history fed whole or reused."""
+    rows = []
+    for t, (f, r) in enumerate(zip(data["turns"]["fresh"], data["turns"]["reuse_prefix"])):
+        rows.append([str(t + 1), f"{f['prompt_tokens']:.0f}", f"{r['reused_tokens']:.0f}",
+                     f"{f['first_token_ms']:.0f} ms", f"{r['first_token_ms']:.0f} ms",
+                     _x(f["first_token_ms"] / r["first_token_ms"], ".1f"), f"{f['turn_s']:.2f} s", f"{r['turn_s']:.2f} s"])
+    return _md(["turn", "prompt tokens", "kept from the last turn", "first token, fed whole",
+                "first token, reuse_prefix", "faster", "turn, fed whole", "turn, reuse_prefix"], rows)
+
+
+table("prefix-reuse-cpu", "prefix-reuse-cpu.json")(prefix_reuse)
+table("prefix-reuse-row-stable-cpu", "prefix-reuse-row-stable-cpu.json")(prefix_reuse)
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
