@@ -68,7 +68,8 @@ from .options import (
 @low_memory_option
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str | None,
           tree_shape: str, eagle_tree: str,
-          max_new_tokens: int, repeats: int, gamma: int | str, draft_stop: float, temperature: float, top_k: int,
+          max_new_tokens: int, repeats: int, gamma: int | str, draft_stop: float, row_stable: bool, temperature: float,
+          top_k: int,
           top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_gguf: str | None,
@@ -117,6 +118,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
 
     kinds = parse_kinds(compare)
     options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, draft_stop=draft_stop,
+                   row_stable=row_stable,
                    temperature=temperature, top_k=top_k,
                    top_p=top_p, tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree), greedy_baseline=greedy_baseline, chat=chat)
     if methods is not None:  # checked before loading; the default needs the bundle

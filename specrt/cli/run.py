@@ -49,7 +49,8 @@ from .options import (
 @threads_option
 @low_memory_option
 def run(prompt: str | None, chat_message: str | None, system_message: str | None, bundle: str | None, method: str,
-        acceptance: str, tree_shape: str, eagle_tree: str, gamma: int | str, draft_stop: float, max_new_tokens: int,
+        acceptance: str, tree_shape: str, eagle_tree: str, gamma: int | str, draft_stop: float, row_stable: bool,
+        max_new_tokens: int,
         temperature: float, top_k: int,
         top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool, backend: str,
         threads: int | None, low_memory: bool | None) -> None:
@@ -82,7 +83,7 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         stream = functools.partial(gen.stream, prompt)
     options = DecodeOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance,
-                            eagle_tree=eagle_tree, draft_stop=draft_stop)
+                            eagle_tree=eagle_tree, draft_stop=draft_stop, row_stable=row_stable)
     pieces = stream(options)
     if as_json:
         result = pieces.result
@@ -147,7 +148,8 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
 @click.option("--replica-gpus", type=float, default=0.0, show_default=True, metavar="G",
               help="GPUs each replica holds (1: a device of its own). Each replica holds --threads CPUs (1 when "
                    "unset).")
-def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, draft_stop: float, tree_shape: str,
+def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | str, draft_stop: float,
+          row_stable: bool, tree_shape: str,
           eagle_tree: str,
           max_queue: int, reuse_prefix: bool,
           api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
@@ -188,7 +190,7 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         raise click.ClickException(f"serve needs the serve extra ({missing} is missing): "
                                    "pip install 'specrt[serve]'") from None
     config = ServeConfig(host=host, port=port, method=method, gamma=gamma, tree=tree_shape, eagle_tree=eagle_tree,
-                         draft_stop=draft_stop, reuse_prefix=reuse_prefix,
+                         draft_stop=draft_stop, row_stable=row_stable, reuse_prefix=reuse_prefix,
                          max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)

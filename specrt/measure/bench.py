@@ -63,6 +63,7 @@ class BenchConfig:
     tree: TreeShape = TreeShape()
     eagle_tree: DynamicTree = DynamicTree()
     draft_stop: float = 0.0  # chains end where the drafter's probability of its next token is below it
+    row_stable: bool = False  # no one-row target pass after the prefill (DecodeOptions.row_stable)
     seed: int = 0  # repeat r samples with seed + r
     # With sampling: also greedy plain decoding in every repeat, right beside the sampled none run, so
     # that what sampling costs is a ratio measured in one run (separate runs drift apart on a busy machine).
@@ -84,7 +85,7 @@ class BenchConfig:
         name, gamma = method_spec(method, self.gamma)
         return DecodeOptions(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                              top_p=self.top_p, seed=self.seed + repeat, method=name, gamma=gamma, tree=self.tree,
-                             eagle_tree=self.eagle_tree, draft_stop=self.draft_stop)
+                             eagle_tree=self.eagle_tree, draft_stop=self.draft_stop, row_stable=self.row_stable)
 
 
 def method_spec(method: str, gamma: int | str) -> tuple[str, int | str]:
@@ -147,7 +148,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             peer_runs[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
     costs = model_costs(gen)
     result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
-                         "gamma": cfg.gamma, "draft_stop": cfg.draft_stop, "tree": list(cfg.tree.widths),
+                         "gamma": cfg.gamma, "draft_stop": cfg.draft_stop, "row_stable": cfg.row_stable,
+                         "tree": list(cfg.tree.widths),
                          "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
                          "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts), "chat": cfg.chat,
                          "vocab": gen.manifest.target.dims.vocab_size,

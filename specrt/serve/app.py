@@ -52,6 +52,7 @@ class ServeConfig:
     tree: str = "2,2,1,1"
     eagle_tree: str = "4,4,16"
     draft_stop: float = 0.0
+    row_stable: bool = False  # no one-row target pass after the prefill (DecodeOptions.row_stable)
     # Keep the last request's context in the caches (SpeculativeGenerator.reuse_prefix): a request that re-sends
     # a conversation, as OpenAI clients do every turn, feeds only its new part.
     reuse_prefix: bool = False
@@ -79,7 +80,7 @@ class ServeConfig:
     def options(self) -> DecodeOptions:
         """The decoding options every request shares; each request brings its own sampling, length and stops."""
         return DecodeOptions(method=self.method, gamma=self.gamma, tree=self.tree, eagle_tree=self.eagle_tree,
-                             draft_stop=self.draft_stop)
+                             draft_stop=self.draft_stop, row_stable=self.row_stable)
 
 
 def model_id(gen: Any, config: ServeConfig) -> str:

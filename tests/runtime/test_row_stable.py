@@ -65,3 +65,23 @@ def test_row_stable_changes_kernels_not_the_tokens_at_fp32(close_bundle):
     for method in ("none", "draft"):
         assert (close.generate(PROMPT, max_new_tokens=24, method=method, row_stable=True).token_ids
                 == close.generate(PROMPT, max_new_tokens=24, method=method).token_ids), method
+
+
+def test_the_cli_flag_reaches_run_and_bench(int8_bundle, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    want = specrt.load(int8_bundle, threads=1).generate(PROMPT, max_new_tokens=16, method="none", row_stable=True)
+    run = CliRunner().invoke(main, ["run", PROMPT, "--bundle", str(int8_bundle), "--method", "draft", "--row-stable",
+                                    "--max-new-tokens", "16", "--threads", "1", "--json"])
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.output)["token_ids"] == want.token_ids
+    out = tmp_path / "bench.json"
+    bench = CliRunner().invoke(main, ["bench", "--bundle", str(int8_bundle), "--methods", "none,draft", "--row-stable",
+                                      "--max-new-tokens", "8", "--repeats", "1", "--threads", "1", "--json", str(out)])
+    assert bench.exit_code == 0, bench.output
+    data = json.loads(out.read_text())
+    assert data["config"]["row_stable"] is True and data["methods"]["draft"]["greedy_matches_none"] is True
