@@ -311,6 +311,19 @@ def row_numerics(data: dict) -> str:
 table("row-numerics-cpu", "row-numerics-cpu.json")(row_numerics)
 
 
+def row_stable(data: dict) -> str:
+    """Two `specrt bench` runs of one bundle, plain and with --row-stable: speed, cost and greedy parity."""
+    base = next(iter(data["runs"].values()))["methods"]["none"]["tokens_per_second"]
+    rows = [[label, method, f"{m['tokens_per_second']:.1f}", _x(m["speedup_vs_none"] or 1.0),
+             _x(m["tokens_per_second"] / base), f"{m['target_pass_ms']:.1f} ms", _yes(m["greedy_matches_none"])]
+            for label, run in data["runs"].items() for method, m in run["methods"].items()]
+    return _md(["run", "method", "tokens/s", "vs none, same run", "vs plain none", "target pass",
+                "greedy = none"], rows)
+
+
+table("smollm2-int8-row-stable-cpu", "smollm2-int8-row-stable-cpu.json")(row_stable)
+
+
 def prefix_reuse(data: dict) -> str:
     """benchmarks/prefix_reuse.py: time to first token per turn, the history fed whole or reused."""
     rows = []

@@ -47,7 +47,7 @@ class DecodeOptions:
     # Every target pass after the prefill at least two rows (a one-row step feeds the token before again):
     # quantized kernels compute a one-row pass differently from a multi-row one, and any two multi-row
     # passes agree row for row, so greedy speculation then reproduces plain decoding bit for bit on int8 /
-    # int4 targets too, for a 2-row pass's cost per plain step (SmolLM2 int8: 1.09-1.17x a row).
+    # int4 targets too, for a 2-row pass's cost per plain step (SmolLM2 int8 in the loop: 1.26x a row).
     row_stable: bool = False
 
     def __post_init__(self) -> None:
