@@ -353,7 +353,6 @@ class HeadExport:
     cases: HeadCases
     vocab_map: np.ndarray  # int64 [D_v], strictly ascending
     order: np.ndarray | None  # the lm_head rows' order when it was not the identity
-    fused: bool
 
 
 def head_torch_side(info: HeadInfo, target_model: nn.Module, target_config: Any, cases, taps_reference: dict,
@@ -368,4 +367,4 @@ def head_torch_side(info: HeadInfo, target_model: nn.Module, target_config: Any,
     dims = export_eagle_head(head, embedding, path, dtype, taps=info.taps, order=None if identity else order,
                              fused=fused, positions=positions, opset=opset, exporter=exporter)
     return HeadExport(dims=dims, reference=reference, cases=head_cases, vocab_map=vocab_map,
-                      order=None if identity else order.numpy(), fused=fused)
+                      order=None if identity else order.numpy())

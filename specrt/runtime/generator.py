@@ -322,18 +322,18 @@ class SpeculativeGenerator:
         the prompt tokens the models it runs need not be fed again."""
         common = _common_prefix(self._held, tokens) if self.reuse_prefix else 0
         self._held = []  # until this generation leaves its caches consistent
-        # An EAGLE-3 head's row j read token j+1 too.
-        limit = {role: common - 1 if role == "eagle" else common for role in self._models}
-        for role, m in self._models.items():
-            m.reset(max(limit[role], 0))
+        # What each cache still holds of this context: an EAGLE-3 head's row j read token j+1 too.
+        valid = {role: max(0, min(m.cache.length, common - 1 if role == "eagle" else common))
+                 for role, m in self._models.items()}
         used = (["target"] + ["draft"] * drafter.needs_draft_model
                 + ["eagle"] * getattr(drafter, "needs_eagle", False))
         # The prompt's last two tokens are fed again: quantized kernels compute a one-row pass differently
         # from a multi-row one (MatMulNBits int8: logits up to 0.7 apart; multi-row passes agree row for
-        # row), so the first token comes out as a prefill of the whole prompt would give it.
-        keep = max(0, min([len(tokens) - 2] + [self._models[r].cache.length for r in used]))
-        for role in used:  # the head's catch-up reads the target's taps from where both caches end
-            self._models[role].reset(keep)
+        # row), so the first token comes out as a prefill of the whole prompt would give it. The models this
+        # generation runs keep the same length: the head's catch-up reads the target's taps from there.
+        keep = max(0, min([len(tokens) - 2] + [valid[r] for r in used]))
+        for role, m in self._models.items():
+            m.reset(keep if role in used else valid[role])
         return keep
 
     def _hold(self, tokens: list[int]) -> None:
