@@ -32,16 +32,30 @@ def verify_cost(data: dict) -> str:
                 *(f"rows free on {n}" for n in names), "largest logit change, 16 rows vs one by one"], rows)
 
 
+def _llama_args(args: str) -> str:
+    """'spec-type draft-eagle3 -md h.gguf --spec-draft-n-max 1' -> 'draft-eagle3 (h.gguf), ≤ 1 draft'."""
+    words = ("--" + args).split()
+    value = {k: v for k, v in zip(words, words[1:])}
+    n = value.get("--spec-draft-n-max")
+    return (f"{value.get('--spec-type', 'speculative')} ({value.get('-md', 'no draft model')})"
+            + (f", ≤ {n} draft{'s' * (n != '1')}" if n else ""))
+
+
 def side_by_side(data: dict) -> str:
-    """benchmarks/side_by_side.py: each engine in its own processes, medians over rounds, against the first."""
-    rows, base, kept = [], None, data.get("llama_acceptance", {})
+    """benchmarks/side_by_side.py: each engine in its own processes, medians over rounds, against the first
+    row: the ratio of the medians and the median of each round's ratio (the VM's drift cancelled)."""
+    rows, kept = [], data.get("llama_acceptance", {})
+    first = next(iter(data["tokens_per_second"]))
+    rounds = {f"{name} · {m}": [r[m] for r in reps] for name, reps in data["runs"].items() for m in reps[0]}
     for name, tps in data["tokens_per_second"].items():
-        base = base or tps
         engine, method = name.split(" · ")
-        row = [engine, method, _f(tps, ".0f"), _x(tps / base)]
+        engine, _, args = engine.partition(" --")  # llama.cpp's speculative runs: their arguments
+        per_round = statistics.median(a / b for a, b in zip(rounds[name], rounds[first]))
+        row = [engine, _llama_args(args) if args else method, _f(tps, ".0f"),
+               _x(tps / data["tokens_per_second"][first]), _x(per_round)]
         rows.append(row + ([_f(kept[name], ".2f") if name in kept else "–"] if kept else []))
-    return _md(["engine, weights (own processes)", "method", "tokens/s", "vs the first row",
-                *(["llama.cpp's drafts kept"] if kept else [])], rows)
+    return _md(["engine, weights (own processes)", "method", "tokens/s (median)", "vs the first row",
+                "each round vs the first row (median)", *(["llama.cpp's drafts kept"] if kept else [])], rows)
 
 
 def context_scaling(data: dict) -> str:
@@ -65,6 +79,8 @@ def serve_replicas(data: dict) -> str:
 
 table("serve-replicas-cpu", "serve-replicas-cpu.json")(serve_replicas)
 table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
+table("smollm2-side-by-side-eagle3-cpu", "smollm2-side-by-side-eagle3-cpu.json")(side_by_side)
+
 
 
 def head_graphs(data: dict) -> str:
