@@ -80,6 +80,7 @@ def serve_replicas(data: dict) -> str:
 table("serve-replicas-cpu", "serve-replicas-cpu.json")(serve_replicas)
 table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
 table("smollm2-side-by-side-eagle3-cpu", "smollm2-side-by-side-eagle3-cpu.json")(side_by_side)
+table("smollm2-int8-vs-q8-cpu", "smollm2-int8-vs-q8-cpu.json")(side_by_side)
 
 
 
