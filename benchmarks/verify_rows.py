@@ -65,6 +65,8 @@ def op_ms(bundle: str, q: int, past: int, threads: int, reps: int = 25) -> dict[
     d, dtype = entry.dims, np.dtype(entry.dtype)
     feeds = {C.INPUT_IDS: np.ones((1, q), np.int64), C.POSITION_IDS: np.arange(past, past + q)[None],
              C.ATTENTION_MASK: np.ones((1, 1, q, past + q), bool)}
+    if entry.logits_index:  # every row's logits, as a verify pass computes them
+        feeds[C.LOGITS_INDEX] = np.arange(q)
     for i in range(d.num_layers):
         for name in (C.past_key(i), C.past_value(i)):
             feeds[name] = np.zeros((1, past, d.num_kv_heads, d.head_dim), dtype)

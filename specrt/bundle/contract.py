@@ -17,6 +17,11 @@ Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, 
     eagle_taps      {dtype}  [B, Q, T*H]      only in a target exported with an EAGLE-3 head: the hidden
                                               states ENTERING layers ``eagle_taps`` (T of them, 3 for
                                               EAGLE-3), concatenated in that order
+    logits_index    int64    [R]              graphs whose manifest entry says ``logits_index`` (exports
+                                              since it existed): the rows of this pass whose logits the
+                                              graph computes, so ``logits`` is [B, R, V]. A prefill asks
+                                              for its last row only: the LM head over every prompt row
+                                              was ~16 % of a SmolLM2 prefill. Old bundles lack it.
 
 An EAGLE-3 head (kind "eagle3") is one decoder layer with the same cache I/O (one layer) and two more
 inputs; its logits are over the draft vocabulary (D_v ids, mapped to target ids by the bundle's vocab
@@ -45,6 +50,7 @@ LOGITS = "logits"
 HIDDEN = "hidden"
 EAGLE_TAPS = "eagle_taps"
 EAGLE_FEATURES = "eagle_features"
+LOGITS_INDEX = "logits_index"
 KINDS = ("decoder", "eagle3")
 
 DTYPES = ("float32", "float16")
@@ -111,11 +117,13 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: int = 0, graph: str = "portable"
-               ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: int = 0, graph: str = "portable",
+               logits_index: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The (inputs, outputs) of a graph with the given dims and weight/KV dtype. ``tap_width``: a decoder's
     ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width. ``graph``
-    :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out)."""
+    :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out).
+    ``logits_index``: the graph takes :data:`LOGITS_INDEX` (after the cache inputs, as the wrappers trace it)
+    and returns logits for those rows only."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if kind not in KINDS:
@@ -133,7 +141,7 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
         inputs += [TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)),
                    TensorSpec(EAGLE_FEATURES, dtype, ("batch", "query", dims.hidden_size))]
     outputs = [
-        TensorSpec(LOGITS, "float32", ("batch", "query", dims.vocab_size)),
+        TensorSpec(LOGITS, "float32", ("batch", "logits_rows" if logits_index else "query", dims.vocab_size)),
         TensorSpec(HIDDEN, dtype, ("batch", "query", dims.hidden_size)),
     ]
     if kind == "decoder" and tap_width:
@@ -143,10 +151,12 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
         for i in range(dims.num_layers):
             inputs += [TensorSpec(past_key(i), dtype, buffer), TensorSpec(past_value(i), dtype, buffer)]
             outputs += [TensorSpec(present_key(i), dtype, buffer), TensorSpec(present_value(i), dtype, buffer)]
-        return inputs, outputs
-    for i in range(dims.num_layers):
-        inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
-        outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
+    else:
+        for i in range(dims.num_layers):
+            inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
+            outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
+    if logits_index:
+        inputs.append(TensorSpec(LOGITS_INDEX, "int64", ("logits_rows",)))
     return inputs, outputs
 
 

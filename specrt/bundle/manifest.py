@@ -59,6 +59,8 @@ class ModelEntry:
     tap_width: int = 0  # eagle_taps' width: len(eagle_taps) x the target's hidden size
     # An EAGLE-3 head: the .npy file (int64 [D_v], strictly ascending) of the target id of each draft id.
     vocab_map: str | None = None
+    # The graph takes contract.LOGITS_INDEX: the rows whose logits a pass computes. False: every row's.
+    logits_index: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -73,7 +75,7 @@ class ModelEntry:
                 raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
 
     def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
-        return decoder_io(self.dims, self.dtype, self.kind, self.tap_width, self.graph)
+        return decoder_io(self.dims, self.dtype, self.kind, self.tap_width, self.graph, self.logits_index)
 
     def to_json(self) -> dict[str, Any]:
         ins, outs = self.io()
@@ -90,7 +92,8 @@ class ModelEntry:
                    quantization=d.get("quantization"), graph=d.get("graph", "portable"),
                    weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"),
                    kind=d.get("kind", "decoder"), eagle_taps=tuple(d.get("eagle_taps", ())),
-                   tap_width=int(d.get("tap_width", 0)), vocab_map=d.get("vocab_map"))
+                   tap_width=int(d.get("tap_width", 0)), vocab_map=d.get("vocab_map"),
+                   logits_index=bool(d.get("logits_index", False)))
 
 
 def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:

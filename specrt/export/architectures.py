@@ -451,7 +451,8 @@ class DecoderWrapper(nn.Module):
         self.eval()  # nn.Module starts in training mode; exporters restore it recursively afterwards
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+                past: tuple[torch.Tensor, ...], logits_index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """``logits_index``: the rows whose logits to compute (contract.LOGITS_INDEX); None: every row's."""
         a = self.adapter
         # A fused graph's attention node takes the boolean mask as it is; sliding layers get theirs narrowed.
         masks = a.masks(attention_mask, position_ids, past[0].shape[1])
@@ -465,7 +466,7 @@ class DecoderWrapper(nn.Module):
             h, k, v = a.layer(i, h, pos, past[2 * i], past[2 * i + 1], masks[a.window(i)])
             new += [k, v]
         hidden = a.final_norm(h)
-        logits = a.lm_head(hidden).float()
+        logits = a.lm_head(hidden if logits_index is None else hidden.index_select(1, logits_index)).float()
         if self.taps:
             return (logits, hidden, torch.cat([entering[t] for t in self.taps], dim=-1), *new)
         return (logits, hidden, *new)

@@ -292,7 +292,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
                                        dtype=options.dtype, dims=dims, parity=parity,
                                        parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
                                        golden=golden, graph=graph, eagle_taps=job.taps,
-                                       tap_width=len(job.taps) * dims.hidden_size,
+                                       tap_width=len(job.taps) * dims.hidden_size, logits_index=True,
                                        **graph_cost(tmp / f"{role}.onnx").manifest_fields())
             if head is not None:
                 with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
@@ -325,7 +325,7 @@ def _head_entry(info, head, tmp: Path, dtype: str, graph: str) -> ModelEntry:
     return ModelEntry(file=GRAPH_FILE, source=info.source, architecture=ARCHITECTURE, dtype=dtype, dims=head.dims,
                       parity=parity, parity_tolerance=PARITY_TOLERANCE[dtype].to_json(),
                       graph=graph, kind="eagle3", eagle_taps=info.taps,
-                      tap_width=info.tap_width, vocab_map=VOCAB_FILE,
+                      tap_width=info.tap_width, vocab_map=VOCAB_FILE, logits_index=True,
                       **graph_cost(tmp / GRAPH_FILE).manifest_fields())
 
 

@@ -167,8 +167,8 @@ class HeadWrapper(nn.Module):
         return mlp.down_proj(nn.functional.silu(gate) * up)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                eagle_taps: torch.Tensor, eagle_features: torch.Tensor, past: tuple[torch.Tensor, ...]
-                ) -> tuple[torch.Tensor, ...]:
+                eagle_taps: torch.Tensor, eagle_features: torch.Tensor, past: tuple[torch.Tensor, ...],
+                logits_index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         head, mid = self.head, self.head.midlayer
         features = head.fc(eagle_taps) + eagle_features
         normed = self._norm(mid.hidden_norm, features)
@@ -177,7 +177,8 @@ class HeadWrapper(nn.Module):
         out, k, v = self._attention(x, position_ids, attention_mask, past[0], past[1])
         h = residual + out
         h = h + self._mlp(self._norm(mid.post_attention_layernorm, h))
-        logits = head.lm_head(self._norm(head.norm, h)).float()
+        rows = h if logits_index is None else h.index_select(1, logits_index)  # a catch-up reads its last row
+        logits = head.lm_head(self._norm(head.norm, rows)).float()
         return logits, h, k, v
 
 
@@ -193,7 +194,7 @@ def export_copy(head: Eagle3Head, dtype: torch.dtype, order: torch.Tensor | None
 
 
 def _trace_inputs(cfg: Eagle3Config, tap_width: int, dtype: torch.dtype) -> tuple:
-    from .onnx_export import _TRACE_P, _TRACE_Q
+    from .onnx_export import _TRACE_P, _TRACE_Q, _trace_index
 
     q, p = _TRACE_Q, _TRACE_P
     ids = torch.zeros(1, q, dtype=torch.int64)
@@ -202,7 +203,7 @@ def _trace_inputs(cfg: Eagle3Config, tap_width: int, dtype: torch.dtype) -> tupl
     taps = torch.zeros(1, q, tap_width, dtype=dtype)
     features = torch.zeros(1, q, cfg.hidden_size, dtype=dtype)
     past = tuple(torch.zeros(1, p, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2))
-    return ids, pos, mask, taps, features, past
+    return ids, pos, mask, taps, features, past, _trace_index()
 
 
 def export_eagle_head(head: Eagle3Head, embedding: torch.Tensor | None, path: Path, dtype: str, *,
@@ -222,7 +223,7 @@ def export_eagle_head(head: Eagle3Head, embedding: torch.Tensor | None, path: Pa
     dims = C.ModelDims(num_layers=1, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                        head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, vocab_size=cfg.draft_vocab_size)
     wrapper = HeadWrapper(export_copy(head, torch_dtype, order), embedding, fused=fused, positions=positions)
-    ins, outs = C.decoder_io(dims, dtype, "eagle3", tap_width)
+    ins, outs = C.decoder_io(dims, dtype, "eagle3", tap_width, logits_index=True)
     trace_module(wrapper, _trace_inputs(cfg, tap_width, torch_dtype), ins, outs, path, opset, exporter, fused)
     return dims
 

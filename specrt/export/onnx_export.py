@@ -28,7 +28,12 @@ def _trace_inputs(dims: C.ModelDims, dtype: torch.dtype):
     mask = torch.ones(1, 1, _TRACE_Q, _TRACE_P + _TRACE_Q, dtype=torch.bool).tril(_TRACE_P)
     past = tuple(torch.zeros(1, _TRACE_P, dims.num_kv_heads, dims.head_dim, dtype=dtype)
                  for _ in range(2 * dims.num_layers))
-    return ids, pos, mask, past
+    return ids, pos, mask, past, _trace_index()
+
+
+def _trace_index() -> torch.Tensor:
+    """The traced logits_index: 2 rows of the 3 (a size of its own, and not 1, which export would fix)."""
+    return torch.arange(_TRACE_Q - 2, _TRACE_Q)
 
 
 @contextlib.contextmanager
@@ -73,7 +78,7 @@ def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int =
     hidden states the graph outputs as ``eagle_taps`` (an EAGLE-3 head's; empty: no such output).
     """
     dims = adapter.dims()
-    ins, outs = C.decoder_io(dims, dtype, "decoder", len(taps) * dims.hidden_size)
+    ins, outs = C.decoder_io(dims, dtype, "decoder", len(taps) * dims.hidden_size, logits_index=True)
     wrapper = DecoderWrapper(adapter, taps)
     trace_module(wrapper, _trace_inputs(dims, getattr(torch, dtype)), ins, outs, path, opset, exporter,
                  adapter.fused)
@@ -81,10 +86,12 @@ def export_decoder(adapter: DecoderAdapter, path: Path, dtype: str, opset: int =
 
 def trace_module(wrapper: torch.nn.Module, args: tuple, ins: list[C.TensorSpec], outs: list[C.TensorSpec],
                  path: Path, opset: int, exporter: str, fused: bool) -> None:
-    """Export ``wrapper(*args)`` (its last argument the tuple of past K/V) with the contract's names and axes.
+    """Export ``wrapper(*args)`` (one argument the tuple of past K/V, named ``past``) with the contract's
+    names and axes.
 
-    Every other argument's axes come from its spec: ``batch``/``query`` axes are dynamic, the mask's last
-    axis (P + Q) is left to the exporter to relate and is renamed afterwards, like every dynamo name.
+    Every other argument's axes come from its spec, in order: ``batch``/``query``/``logits_rows`` axes are
+    dynamic, the mask's last axis (P + Q) is left to the exporter to relate and is renamed afterwards, like
+    every dynamo name.
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
@@ -102,16 +109,22 @@ def trace_module(wrapper: torch.nn.Module, args: tuple, ins: list[C.TensorSpec],
 
             from torch.export import Dim
 
-            dims = {"batch": Dim("batch"), "query": Dim("query"), "past": Dim("past")}
-            names = list(inspect.signature(wrapper.forward).parameters)
+            dims = {"batch": Dim("batch"), "query": Dim("query"), "past": Dim("past"),
+                    "logits_rows": Dim("logits_rows")}
+            names = list(inspect.signature(wrapper.forward).parameters)[:len(args)]
+            kv = (C.past_key(0)[:-1], C.past_value(0)[:-1])
+            rest = iter(s for s in ins if not s.name.startswith(kv))
             shapes: dict[str, object] = {}
-            for name, spec in zip(names[:-1], ins):
+            for name, arg in zip(names, args):
+                if name == "past":
+                    shapes[name] = tuple({0: dims["batch"], 1: dims["past"]} for _ in arg)
+                    continue
+                spec = next(rest)
                 if spec.name == C.ATTENTION_MASK:
                     # P + Q cannot be a derived Dim here; AUTO lets the exporter relate it, renamed below.
                     shapes[name] = {0: dims["batch"], 2: dims["query"], 3: Dim.AUTO}
                 else:
                     shapes[name] = {i: dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
-            shapes[names[-1]] = tuple({0: dims["batch"], 1: dims["past"]} for _ in args[-1])
             kwargs["dynamic_shapes"] = shapes
             if fused:
                 kwargs["custom_translation_table"] = translation_table()

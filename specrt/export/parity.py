@@ -151,6 +151,7 @@ class OrtDecoder:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
         self.shared_kv = C.present_key(0) in self.outputs
+        self.indexed = any(i.name == C.LOGITS_INDEX for i in self.session.get_inputs())
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
         """(logits [Q, V], new K/V [1, Q, H_kv, D] each, eagle_taps [Q, width] or None when the graph has no
@@ -165,6 +166,8 @@ class OrtDecoder:
         layout; ``extra``: further inputs by contract name (an EAGLE-3 head's taps and features)."""
         feed = {C.INPUT_IDS: ids[None].astype(np.int64), C.POSITION_IDS: pos[None].astype(np.int64),
                 C.ATTENTION_MASK: mask, **(extra or {})}
+        if self.indexed and C.LOGITS_INDEX not in feed:  # every row's logits, as the reference has them
+            feed[C.LOGITS_INDEX] = np.arange(len(ids), dtype=np.int64)
         if self.shared_kv:
             return self._shared(feed, len(ids), past)
         for i in range(self.dims.num_layers):

@@ -19,6 +19,7 @@ from ..bundle.contract import (
     EAGLE_FEATURES,
     EAGLE_TAPS,
     INPUT_IDS,
+    LOGITS_INDEX,
     POSITION_IDS,
     SUMMARY_ENGINE,
     SUMMARY_LOGITS,
@@ -75,6 +76,8 @@ def profiles(entry: ModelEntry, opts: BuildOptions) -> list[dict[str, tuple[tupl
         shapes = {INPUT_IDS: tuple((b, x) for x in q), POSITION_IDS: tuple((b, x) for x in q),
                   ATTENTION_MASK: tuple((b, 1, x, y + x) for x, y in zip(q, p)),
                   **{name: tuple((b, x, width) for x in q) for name, width in rows.items()}}
+        if entry.logits_index:  # the runtime asks for every row's logits on TensorRT: R = Q
+            shapes[LOGITS_INDEX] = tuple((x,) for x in q)
         for i in range(d.num_layers):
             kv = tuple((b, y, d.num_kv_heads, d.head_dim) for y in p)
             shapes[f"past_key.{i}"] = kv

@@ -220,8 +220,11 @@ class TorchDecoder:
 
     @torch.inference_mode()
     def forward(self, cache: TorchKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> DecoderOutput:
-        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
+                mask: np.ndarray, extra: dict[str, np.ndarray] | None = None,
+                logits_rows: int | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each. ``logits_rows`` is
+        not used: the checkpoint computes every row's logits."""
+        del logits_rows
         q_len, past_len = len(input_ids), cache.length
         if set(extra or {}) != set(self.extra_widths):
             raise SpecrtError(f"internal: {self.entry.file} reads {sorted(self.extra_widths) or 'no extra inputs'}, "

@@ -42,7 +42,10 @@ class CachedModel:
         q_len = len(tokens)
         t0 = time.perf_counter()
         args = (self.cache, np.asarray(tokens, np.int64), positions, mask)
-        out = self.decoder.forward(*args, extra=extra) if extra else self.decoder.forward(*args)
+        kwargs: dict = {"extra": extra} if extra else {}
+        if getattr(self.decoder.entry, "logits_index", False):
+            kwargs["logits_rows"] = last  # the graph computes these rows' logits only (contract.LOGITS_INDEX)
+        out = self.decoder.forward(*args, **kwargs)
         self.forward_s += out.engine_s if out.engine_s is not None else time.perf_counter() - t0
         self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)
         # Only the rows the caller reads are summarised on the device (a prefill's last, not the prompt's).
@@ -57,7 +60,7 @@ class CachedModel:
         valid = lambda: self._serial == made_at  # noqa: E731
         if self._device is not None:
             return LogitRows(None, sampling, self.vocab, valid, device=self._device, count=last)
-        return LogitRows(out.logits[q_len - last:], sampling, self.vocab, valid)
+        return LogitRows(out.logits[len(out.logits) - last:], sampling, self.vocab, valid)
 
     def feed(self, tokens: list[int], sampling: SamplingConfig, last: int = 1,
              tree_parents: list[int] | tuple[int, ...] = (), extra: dict[str, np.ndarray] | None = None) -> LogitRows:

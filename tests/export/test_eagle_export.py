@@ -83,6 +83,8 @@ def _session(path):
 
 
 def _run(session, feed):
+    """Every output by name; every row's logits (logits_index 0 .. Q-1)."""
+    feed = {C.LOGITS_INDEX: np.arange(feed[C.INPUT_IDS].shape[1]), **feed}
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
 
 
@@ -115,7 +117,8 @@ def test_manifest_records_the_head_and_the_target_s_taps(request, sources, which
     if which == "portable":
         assert m.draft.eagle_taps == () and m.draft.tap_width == 0 and "taps_rel" not in m.draft.parity["prefill"]
     raw = json.loads((bundle / "specrt.json").read_text())["models"]["eagle"]
-    ins, outs = C.decoder_io(head.dims, "float32", "eagle3", 3 * HIDDEN)
+    ins, outs = C.decoder_io(head.dims, "float32", "eagle3", 3 * HIDDEN, logits_index=True)
+    assert head.logits_index and target.logits_index
     assert raw["inputs"] == [s.to_json() for s in ins] and raw["outputs"] == [s.to_json() for s in outs]
 
 
@@ -126,7 +129,7 @@ def test_both_graphs_match_the_contract(request, which):
     elem = {"int64": onnx.TensorProto.INT64, "bool": onnx.TensorProto.BOOL, "float32": onnx.TensorProto.FLOAT}
     for entry, kind in ((m.target, "decoder"), (m.eagle, "eagle3")):
         model = onnx.load(str(bundle / entry.file), load_external_data=False)
-        ins, outs = C.decoder_io(entry.dims, "float32", kind, 3 * HIDDEN)
+        ins, outs = C.decoder_io(entry.dims, "float32", kind, 3 * HIDDEN, logits_index=True)
         for values, specs in ((model.graph.input, ins), (model.graph.output, outs)):
             assert [v.name for v in values] == [s.name for s in specs], entry.file
             for v, s in zip(values, specs):

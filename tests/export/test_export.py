@@ -43,7 +43,7 @@ def test_manifest_records_dims_io_and_parity(bundles, arch):
         assert all(within(f, PARITY_TOLERANCE["float32"]) and f["top1"] == 1.0 for f in e.parity.values())
         names = [t["name"] for t in raw["models"][role]["inputs"]]
         assert names[:3] == [C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK]
-        assert len(names) == 3 + 2 * e.dims.num_layers
+        assert len(names) == 3 + 2 * e.dims.num_layers + 1 and names[-1] == C.LOGITS_INDEX and e.logits_index
     assert m.tokenizer.bos_token_id == 0 and 1 in m.tokenizer.eos_token_ids and m.tokenizer.add_bos_token
     assert m.vocab_check["padded"] and m.vocab_check["draft_logits"] == m.draft.dims.vocab_size
     assert {"specrt", "torch", "transformers", "onnx", "onnxruntime"} <= set(m.versions)
@@ -53,7 +53,7 @@ def test_manifest_records_dims_io_and_parity(bundles, arch):
 def test_onnx_graph_matches_the_contract(bundles, arch):
     m = load_manifest(bundles[arch])
     model = onnx.load(str(bundles[arch] / "target.onnx"), load_external_data=False)
-    ins, outs = C.decoder_io(m.target.dims, "float32")
+    ins, outs = C.decoder_io(m.target.dims, "float32", logits_index=True)
     elem = {"int64": onnx.TensorProto.INT64, "bool": onnx.TensorProto.BOOL, "float32": onnx.TensorProto.FLOAT}
     for graph_values, specs in ((model.graph.input, ins), (model.graph.output, outs)):
         assert [v.name for v in graph_values] == [s.name for s in specs]
@@ -61,6 +61,36 @@ def test_onnx_graph_matches_the_contract(bundles, arch):
             assert v.type.tensor_type.elem_type == elem[s.dtype]
             dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             assert dims == list(s.shape), v.name
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_a_pass_computes_the_logits_of_the_rows_asked_for(bundles, arch):
+    """logits_index: a prefill asks for its last row only and gets that row's logits (the LM head's matmul
+    over fewer rows may round differently in the last bits)."""
+    from specrt.runtime.backends.onnxruntime import OrtDecoder
+    from specrt.runtime.masks import causal_mask
+
+    m = load_manifest(bundles[arch])
+    dec = OrtDecoder(bundles[arch], m.target, threads=1)
+    ids = np.array([0, 5, 9, 13, 2, 7], np.int64)
+    run = lambda **kw: dec.forward(dec.new_cache(8), ids, np.arange(6), causal_mask(6, 0), **kw)  # noqa: E731
+    every = run().logits.copy()
+    assert every.shape == (6, m.target.dims.vocab_size)
+    for rows in (1, 2, 6):
+        out = run(logits_rows=rows)
+        assert out.logits.shape == (rows, m.target.dims.vocab_size) and len(out.hidden) == 6
+        np.testing.assert_allclose(out.logits, every[6 - rows:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefill_computes_one_row_of_logits(bundles):
+    """The runtime asks each pass for the rows it reads: a 30-token prompt's prefill makes one row of logits."""
+    import specrt
+
+    gen = specrt.load(bundles["llama"], threads=1)
+    prompt = "def fib(n):\n    return fib(n - 1) + fib(n - 2) if n > 1 else n\n"
+    assert len(gen.encode(prompt)) > 20
+    gen.generate(prompt, max_new_tokens=8, method="draft", gamma=3)
+    assert gen._models["target"].decoder._logits.shape[1] == 4  # the widest pass read: γ + 1 rows
 
 
 @pytest.mark.parametrize("arch", ARCHS)

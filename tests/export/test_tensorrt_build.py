@@ -45,6 +45,16 @@ def test_profiles_cover_prefill_and_verify():
                 assert all(a <= b <= c for a, b, c in zip(lo, mid, hi)), (opts, lo, mid, hi)
 
 
+def test_profiles_give_logits_index_the_query_s_rows():
+    """A graph with logits_index: TensorRT computes every row's logits, so R ranges as Q does."""
+    from dataclasses import replace
+
+    opts = BuildOptions(max_context=1024, max_prompt=512, max_verify=32)
+    for prof in profiles(replace(ENTRY, logits_index=True), opts):
+        assert prof["logits_index"] == tuple((q,) for _, q in prof["input_ids"])
+    assert all("logits_index" not in prof for prof in profiles(ENTRY, opts))
+
+
 def test_engine_key_changes_with_everything_that_changes_the_engine():
     opts = BuildOptions()
     shapes = profiles(ENTRY, opts)

@@ -106,6 +106,8 @@ def test_tensor_plan_writes_new_kv_in_place_after_the_past(llama_bundle):
     io = {name: 1000 * (i + 1) for i, name in enumerate(["input_ids", "position_ids", "attention_mask", "logits",
                                                            "hidden"])}
     plan = tensor_plan(7, 3, cache, io, dims)
+    assert "logits_index" not in plan
+    assert tensor_plan(7, 3, cache, {**io, "logits_index": 6000}, dims)["logits_index"] == ((3,), 6000)
     assert plan["attention_mask"] == ((1, 1, 3, 10), io["attention_mask"])
     assert plan["logits"] == ((1, 3, dims.vocab_size), io["logits"])
     kv = (dims.num_kv_heads, dims.head_dim)

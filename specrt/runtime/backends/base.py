@@ -67,7 +67,9 @@ class Decoder(Protocol):
                 mask: np.ndarray) -> DecoderOutput: ...
 
     # A backend that runs EAGLE-3 (a target's eagle_taps output, a head's extra inputs) also takes
-    # ``forward(..., extra={name: (Q, width) array})`` and sets ``supports_eagle = True``.
+    # ``forward(..., extra={name: (Q, width) array})`` and sets ``supports_eagle = True``. Every backend
+    # takes ``forward(..., logits_rows=R)`` for an entry with ``logits_index``: it may return the last R
+    # rows' logits only (ONNX Runtime does) or all Q; callers read the last R.
 
 
 class Heads(Protocol):

@@ -225,26 +225,29 @@ class OrtDecoder:
             return KVCache(self.entry.dims, max_context, self.kv_dtype, heads_major=self.shared_kv)
         return DeviceKVCache(self.entry.dims, max_context, self.kv_dtype, self.memory, heads_major=self.shared_kv)
 
-    def _outputs(self, q_len: int) -> dict[str, np.ndarray]:
-        """The output rows of a q_len-row pass by contract name, bound (views and their addresses made once
-        per row count; bound again only after another row count). Logits left on a device: see ``forward``."""
-        made = self._views.get(q_len)
+    def _outputs(self, q_len: int, rows: int) -> dict[str, np.ndarray]:
+        """The outputs of a q_len-row pass with ``rows`` rows of logits by contract name, bound (views and
+        their addresses made once per row count; bound again only after another). Logits left on a device:
+        see ``forward``."""
+        made = self._views.get((q_len, rows))
         if made is None:
+            if self._logits.shape[1] < rows:
+                self._logits = np.empty((1, rows, self._logits.shape[2]), np.float32)
+                self._views.clear()
             if self._hidden.shape[1] < q_len:  # grows to the longest prompt seen, then stays
-                self._logits = np.empty((1, q_len, self._logits.shape[2]), np.float32)
                 self._hidden = np.empty((1, q_len, self.entry.dims.hidden_size), self.kv_dtype)
                 if self._taps is not None:
                     self._taps = np.empty((1, q_len, self.entry.tap_width), self.kv_dtype)
                 self._views.clear()
-            views = {C.LOGITS: self._logits[:, :q_len], C.HIDDEN: self._hidden[:, :q_len]}
+            views = {C.LOGITS: self._logits[:, :rows], C.HIDDEN: self._hidden[:, :q_len]}
             if self._taps is not None:
                 views[C.EAGLE_TAPS] = self._taps[:, :q_len]
             if self.summary is not None:
                 del views[C.LOGITS]
-            made = self._views[q_len] = views, {name: rows.ctypes.data for name, rows in views.items()}
+            made = self._views[q_len, rows] = views, {name: view.ctypes.data for name, view in views.items()}
         views, ptrs = made
-        for name, rows in views.items():
-            self.binding.bind(name, "cpu", rows.dtype, rows.shape, ptrs[name], output=True)
+        for name, view in views.items():
+            self.binding.bind(name, "cpu", view.dtype, view.shape, ptrs[name], output=True)
         return views
 
     def _bind(self, name: str, arr: np.ndarray, output: bool = False) -> None:
@@ -274,9 +277,12 @@ class OrtDecoder:
         self._kv_for = cache
 
     def forward(self, cache: KVCache | DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> DecoderOutput:
-        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
+                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None,
+                logits_rows: int | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each. ``logits_rows``:
+        on a graph with ``logits_index``, the logits of the last R rows only (None: every row's)."""
         q_len, past = len(input_ids), cache.length
+        rows = q_len if logits_rows is None or not self.entry.logits_index else min(logits_rows, q_len)
         cache.ensure_room(q_len)
         b = self.binding
         if self.shared_kv:
@@ -286,8 +292,10 @@ class OrtDecoder:
         self._put(C.POSITION_IDS, position_ids, (1, q_len), np.dtype(np.int64))
         # The mask grows by a column every pass: bound anew each time (no copy when it is already bool).
         self._bind(C.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=bool))
-        for name, rows in (extra or {}).items():
-            self._put(name, rows, (1, q_len, rows.shape[-1]), self.kv_dtype)
+        for name, values in (extra or {}).items():
+            self._put(name, values, (1, q_len, values.shape[-1]), self.kv_dtype)
+        if self.entry.logits_index:
+            self._put(C.LOGITS_INDEX, np.arange(q_len - rows, q_len), (rows,), np.dtype(np.int64))
         if not self.shared_kv:
             # The past is the buffer's first `past` rows; the new K/V are written right after them, in place.
             past_shape, new_shape = (1, past, *self._kv_shape), (1, q_len, *self._kv_shape)
@@ -297,21 +305,21 @@ class OrtDecoder:
                 b.bind(pv, dev, dt, past_shape, vp)
                 b.bind(nk, dev, dt, new_shape, kp + offset, output=True)
                 b.bind(nv, dev, dt, new_shape, vp + offset, output=True)
-        views = self._outputs(q_len)
+        views = self._outputs(q_len, rows)
         logits, hidden = views.get(C.LOGITS), views[C.HIDDEN]
         if self.summary is not None:
-            b.bind(C.LOGITS, self.kv_device, np.dtype(np.float32), (1, q_len, self.entry.dims.vocab_size),
-                   self.summary.logits_buffer(q_len), output=True)
+            b.bind(C.LOGITS, self.kv_device, np.dtype(np.float32), (1, rows, self.entry.dims.vocab_size),
+                   self.summary.logits_buffer(rows), output=True)
         outputs = {C.EAGLE_TAPS: views[C.EAGLE_TAPS]} if C.EAGLE_TAPS in views else {}
         t0 = time.perf_counter()
         self.session.run_with_iobinding(b.binding)
         engine_s = time.perf_counter() - t0
         # On the CUDA provider the host-bound outputs are copied down by ORT.
         on_device = self.kv_device == "cuda"
-        extra = {name: rows[0] for name, rows in outputs.items()}
-        extra_bytes = sum(rows.nbytes for rows in extra.values()) if on_device else 0
+        extra = {name: view[0] for name, view in outputs.items()}
+        extra_bytes = sum(view.nbytes for view in extra.values()) if on_device else 0
         if self.summary is not None:
-            return DecoderOutput(logits=None, hidden=hidden[0], device_logits=self.summary.rows(q_len), extra=extra,
+            return DecoderOutput(logits=None, hidden=hidden[0], device_logits=self.summary.rows(rows), extra=extra,
                                  copied_bytes=(hidden.nbytes if on_device else 0) + extra_bytes, engine_s=engine_s)
         return DecoderOutput(logits=logits[0], hidden=hidden[0], extra=extra, engine_s=engine_s,
                              copied_bytes=(logits.nbytes + hidden.nbytes if on_device else 0) + extra_bytes)

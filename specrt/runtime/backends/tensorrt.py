@@ -76,7 +76,8 @@ def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int],
     """Name → (shape, device address) for one forward: the past is a prefix of each cache plane and the
     new K/V land right after it (``ptr + past * row_bytes``) unless ``new_kv`` gives other (key, value)
     addresses per layer (a scratch block: see :class:`Scratch`); ``io`` holds the fixed I/O buffers.
-    ``rows``: further [1, Q, width] tensors by name (an EAGLE-3 target's taps, a head's taps and features)."""
+    ``rows``: further [1, Q, width] tensors by name (an EAGLE-3 target's taps, a head's taps and features).
+    A graph with ``logits_index`` (``io`` has its buffer: 0, 1, 2, ...) computes every row's logits here."""
     kv, offset = (dims.num_kv_heads, dims.head_dim), past * cache.row_bytes
     plan: dict[str, tuple[tuple[int, ...], int]] = {
         C.INPUT_IDS: ((1, q_len), io[C.INPUT_IDS]),
@@ -85,6 +86,7 @@ def tensor_plan(past: int, q_len: int, cache: DeviceKVCache, io: dict[str, int],
         C.LOGITS: ((1, q_len, dims.vocab_size), io[C.LOGITS]),
         C.HIDDEN: ((1, q_len, dims.hidden_size), io[C.HIDDEN]),
         **{name: ((1, q_len, width), io[name]) for name, width in (rows or {}).items()},
+        **({C.LOGITS_INDEX: ((q_len,), io[C.LOGITS_INDEX])} if C.LOGITS_INDEX in io else {}),
     }
     destinations = new_kv or [(kp + offset, vp + offset) for kp, vp in zip(cache.key_ptrs, cache.value_ptrs)]
     for i, (kp, vp, (nk, nv)) in enumerate(zip(cache.key_ptrs, cache.value_ptrs, destinations)):
@@ -311,7 +313,8 @@ class _Graph:
         self.outputs = _Outputs(m, bucket, d, decoder.kv_dtype, decoder.extra_outputs)
         self.io = {C.INPUT_IDS: m.malloc(bucket * 8), C.POSITION_IDS: m.malloc(bucket * 8),
                    C.ATTENTION_MASK: m.malloc(bucket * (rows + bucket)), **self.outputs.ptrs,
-                   **{name: m.malloc(bucket * decoder.row_bytes(name)) for name in decoder.extra_inputs}}
+                   **{name: m.malloc(bucket * decoder.row_bytes(name)) for name in decoder.extra_inputs},
+                   **decoder.row_index(bucket)}
         decoder.bind(self.ctx, tensor_plan(rows, bucket, cache, self.io, d, new_kv=self.scratch.new_kv,
                                            rows=decoder.extra_widths))
         m.memset(self.io[C.ATTENTION_MASK], 1, bucket * (rows + bucket))  # a defined warm-up input
@@ -375,9 +378,11 @@ class TrtDecoder:
         self.outputs = _Outputs(memory, q, d, self.kv_dtype, self.extra_outputs)
         self.io = {C.INPUT_IDS: memory.malloc(q * 8), C.POSITION_IDS: memory.malloc(q * 8),
                    C.ATTENTION_MASK: memory.malloc(limits.mask_elements), **self.outputs.ptrs,
-                   **{name: memory.malloc(q * self.row_bytes(name)) for name in self.extra_inputs}}
+                   **{name: memory.malloc(q * self.row_bytes(name)) for name in self.extra_inputs},
+                   **self.row_index(q)}
         self._scratch: Scratch | None = None  # new K/V of eager passes at a misaligned length
         self._inputs = {C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK, *self.extra_inputs,
+                        *((C.LOGITS_INDEX,) if entry.logits_index else ()),
                         *(C.past_key(i) for i in range(d.num_layers)),
                         *(C.past_value(i) for i in range(d.num_layers))}
         # Host-mapped outputs (Jetson) are read in place: there is no copy for a summary to save.
@@ -395,6 +400,15 @@ class TrtDecoder:
         return opened.context, opened.memory, EngineLimits.from_options(opened.record["options"]), summary
 
     supports_eagle = True
+
+    def row_index(self, rows: int) -> dict[str, int]:
+        """A graph with ``logits_index``: a device buffer holding 0 .. rows-1, written once; a pass of Q
+        rows binds its first Q (every row's logits). Empty for graphs without the input."""
+        if not self.entry.logits_index:
+            return {}
+        ptr = self.memory.malloc(rows * 8)
+        self.memory.to_device(ptr, np.arange(rows, dtype=np.int64))
+        return {C.LOGITS_INDEX: ptr}
 
     def row_bytes(self, name: str) -> int:
         return self.extra_widths[name] * self.kv_dtype.itemsize
@@ -431,8 +445,11 @@ class TrtDecoder:
         return self.graphs[key]
 
     def forward(self, cache: DeviceKVCache, input_ids: np.ndarray, position_ids: np.ndarray,
-                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> DecoderOutput:
-        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each."""
+                mask: np.ndarray, extra: Mapping[str, np.ndarray] | None = None,
+                logits_rows: int | None = None) -> DecoderOutput:
+        """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each. ``logits_rows`` is
+        not used: the engine computes every row's logits (its logits_index is 0 .. Q-1, set once)."""
+        del logits_rows
         q_len, extra = len(input_ids), dict(extra or {})
         if set(extra) != set(self.extra_inputs):
             raise SpecrtError(f"internal: this engine reads {sorted(self.extra_inputs) or 'no extra inputs'}, "
