@@ -369,3 +369,17 @@ def low_memory(data: dict) -> str:
     return _md(["bundle", "rounds × prompts × tokens", "default: none / draft tokens/s",
                 "low-memory: none / draft tokens/s", "low-memory / default", "peak RSS", "peak anonymous",
                 "load", "same tokens"], rows)
+
+
+def logits_rows(data: dict) -> str:
+    """benchmarks/logits_rows.py: a bundle without logits_index against one with it, alternating."""
+    runs = list(data["runs"].items())
+    lengths = list(runs[0][1]["prefill_ms"])
+    cell = lambda r, f: f"{r['old']:{f}} → {r['new']:{f}} ({r['new_over_old']:.2f}×)"  # noqa: E731
+    return _md(["target, method", *(f"prefill, {n} tokens (ms)" for n in lengths),
+                "tokens/s, 14 chat prompts × 64"],
+               [[label, *(cell(r["prefill_ms"][n], ".0f") for n in lengths), cell(r["tokens_per_second"], ".1f")]
+                for label, r in runs])
+
+
+table("logits-rows-cpu", "logits-rows-cpu.json")(logits_rows)

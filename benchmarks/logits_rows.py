@@ -1,0 +1,85 @@
+"""What computing logits only for the rows a pass reads saves (contract.LOGITS_INDEX): a bundle exported
+before it and one after, alternating in one process.
+
+    python benchmarks/logits_rows.py OLD NEW --label L [--lengths 32,128,512] [--reps 9] [--method eagle] \
+        [--json OUT]     # OUT gains runs[L], keeping the runs it holds
+
+Per prompt length: the target's prefill pass (what the time to the first token is made of), timed alone;
+then whole greedy generations of the 14 held-out chat prompts × 64 tokens with ``--method``, whose
+tokens/s includes the prefills and, for ``eagle``, the head's catch-up passes. Medians over ``--reps``
+alternations; the ratio NEW / OLD per alternation, then its median, cancels the machine's drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import specrt
+from specrt.runtime.sampling import SamplingConfig
+
+PROMPTS = Path(__file__).resolve().parent / "prompts" / "chat-heldout.json"
+
+
+def prefill_ms(gen, ids: list[int]) -> float:
+    model = gen._models["target"]
+    model.reset()
+    t0 = time.perf_counter()
+    model.feed(ids, SamplingConfig(temperature=0.0)).top(0, 1)  # the first token, as a prefill reads it
+    return (time.perf_counter() - t0) * 1000
+
+
+def generation_tps(gen, prompts: list[str], method: str) -> float:
+    tokens, seconds = 0, 0.0
+    for p in prompts:
+        out = gen.chat([{"role": "user", "content": p}], max_new_tokens=64, method=method, gamma="auto")
+        tokens, seconds = tokens + len(out.token_ids), seconds + out.stats.total_s
+    return tokens / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--lengths", default="32,128,512")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--method", default="eagle")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--label", required=True, help="this run's name in the JSON file")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    gens = {"old": specrt.load(a.old, threads=a.threads), "new": specrt.load(a.new, threads=a.threads)}
+    flags = {k: g.manifest.target.logits_index for k, g in gens.items()}
+    prompts = json.loads(PROMPTS.read_text())
+    text = " ".join(prompts) * 8
+    result: dict = {"bundles": {"old": Path(a.old).name, "new": Path(a.new).name}, "logits_index": flags,
+                    "method": a.method, "reps": a.reps, "threads": a.threads, "prefill_ms": {}, "tokens_per_second": {}}
+    for n in map(int, a.lengths.split(",")):
+        ids = gens["old"].encode(text)[:n]
+        for g in gens.values():
+            prefill_ms(g, ids)  # warm-up: the session's first pass of this width
+        runs = [{k: prefill_ms(g, ids) for k, g in gens.items()} for _ in range(a.reps)]
+        result["prefill_ms"][n] = summary(runs)
+        print(f"prefill {n:4d} tokens: {result['prefill_ms'][n]}", flush=True)
+    for g in gens.values():
+        generation_tps(g, prompts[:2], a.method)
+    runs = [{k: generation_tps(g, prompts, a.method) for k, g in gens.items()} for _ in range(max(a.reps // 3, 1))]
+    result["tokens_per_second"] = summary(runs)
+    print(f"{a.method} tokens/s: {result['tokens_per_second']}", flush=True)
+    if a.json:
+        data = json.loads(a.json.read_text()) if a.json.exists() else {"runs": {}}
+        data["runs"][a.label] = result
+        a.json.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Medians of each side and of the per-run ratio new / old."""
+    return {"old": statistics.median(r["old"] for r in runs), "new": statistics.median(r["new"] for r in runs),
+            "new_over_old": statistics.median(r["new"] / r["old"] for r in runs), "runs": len(runs)}
+
+
+if __name__ == "__main__":
+    main()
