@@ -54,31 +54,32 @@ def decoder_ms(dec: OrtDecoder, rows: Sequence[int], past: int, reps: int = 25) 
 
 
 def op_ms(bundle: str, q: int, past: int, threads: int, reps: int = 25) -> dict[str, float]:
-    """Kernel milliseconds per op type of one q-row pass (ORT's profiler, a plain session)."""
+    """Kernel milliseconds per op type of one q-row pass: ORT's profiler on specrt's own decoder (its graph's
+    inputs and bindings whatever the layout), the last ``reps`` passes only."""
     import onnxruntime as ort
 
-    entry = load_manifest(bundle).target
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.enable_profiling = threads, True
-    opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "verify_rows")
-    session = ort.InferenceSession(os.path.join(bundle, entry.file), opts, providers=["CPUExecutionProvider"])
-    d, dtype = entry.dims, np.dtype(entry.dtype)
-    feeds = {C.INPUT_IDS: np.ones((1, q), np.int64), C.POSITION_IDS: np.arange(past, past + q)[None],
-             C.ATTENTION_MASK: np.ones((1, 1, q, past + q), bool)}
-    if entry.logits_index:  # every row's logits, as a verify pass computes them
-        feeds[C.LOGITS_INDEX] = np.arange(q)
-    for i in range(d.num_layers):
-        for name in (C.past_key(i), C.past_value(i)):
-            feeds[name] = np.zeros((1, past, d.num_kv_heads, d.head_dim), dtype)
-    for _ in range(reps):
-        session.run(None, feeds)
-    path = session.end_profiling()
+    real = ort.SessionOptions
+
+    def profiled():
+        opts = real()
+        opts.enable_profiling, opts.profile_file_prefix = True, os.path.join(tempfile.mkdtemp(), "verify_rows")
+        return opts
+
+    ort.SessionOptions = profiled
+    try:
+        dec = OrtDecoder(bundle, load_manifest(bundle).target, threads=threads)
+    finally:
+        ort.SessionOptions = real
+    decoder_ms(dec, [q], past, reps)
+    path = dec.session.end_profiling()
     with open(path) as f:
-        events = json.load(f)
+        events = sorted(json.load(f), key=lambda e: e.get("ts", 0))
     os.remove(path)
+    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run"][-reps:]
     by_op: dict[str, float] = collections.defaultdict(float)
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                and any(a <= e["ts"] <= b for a, b in runs)):
             by_op[e["args"]["op_name"]] += e["dur"] / 1e3 / reps
     return dict(by_op)
 
