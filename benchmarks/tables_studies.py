@@ -81,7 +81,8 @@ table("serve-replicas-cpu", "serve-replicas-cpu.json")(serve_replicas)
 table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
 table("smollm2-side-by-side-eagle3-cpu", "smollm2-side-by-side-eagle3-cpu.json")(side_by_side)
 table("smollm2-int8-vs-q8-cpu", "smollm2-int8-vs-q8-cpu.json")(side_by_side)
-
+table("smollm2-r6-int8-vs-llama-cpu", "smollm2-r6-int8-vs-llama-cpu.json")(side_by_side)
+table("smollm2-r6-q41-vs-llama-cpu", "smollm2-r6-q41-vs-llama-cpu.json")(side_by_side)
 
 
 def head_graphs(data: dict) -> str:
