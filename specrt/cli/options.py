@@ -9,6 +9,7 @@ import click
 
 from ..errors import SpecrtError
 from ..export.pipeline import missing_extra
+from ..runtime.tree import DEFAULT_EAGLE_TREE
 
 
 class Commands(click.Group):
@@ -78,9 +79,11 @@ gamma_option = combine(
 tree_option = combine(
     click.option("--tree", "tree_shape", default="2,2,1,1", show_default=True,
                  help="Tree shape of the tree method: children per node at each depth."),
-    click.option("--eagle-tree", default="4,4,16", show_default=True, metavar="TOPK,DEPTH,NODES",
+    click.option("--eagle-tree", default=str(DEFAULT_EAGLE_TREE), show_default=True, metavar="TOPK,DEPTH,NODES",
                  help="The eagle-tree method's dynamic tree (EAGLE-2): the TOPK best nodes of each level get their "
-                      "TOPK likeliest children, DEPTH levels deep; the NODES best in all are verified."))
+                      "TOPK likeliest children, DEPTH levels deep; the NODES best in all are verified. NODES auto: "
+                      "each pass verifies as many as pay for their rows on this backend (its pass cost per row "
+                      "count, measured once): few on a CPU, all on a GPU."))
 sampling_options = combine(
     click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
     click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),

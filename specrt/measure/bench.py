@@ -18,10 +18,11 @@ import numpy as np
 from .. import theory
 from ..errors import ConfigError
 from ..runtime.drafters import METHODS, proposes_trees
+from ..runtime.costs import MEASURED_TREE_ROWS
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
-from ..runtime.tree import DynamicTree, TreeShape
+from ..runtime.tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
 from . import roofline
 from .bandwidth import Bandwidth
 from .energy import per_token as energy_per_token
@@ -61,7 +62,7 @@ class BenchConfig:
     top_k: int = 0
     top_p: float = 1.0
     tree: TreeShape = TreeShape()
-    eagle_tree: DynamicTree = DynamicTree()
+    eagle_tree: DynamicTree = DEFAULT_EAGLE_TREE
     draft_stop: float = 0.0  # chains end where the drafter's probability of its next token is below it
     row_stable: bool = False  # no one-row target pass after the prefill (DecodeOptions.row_stable)
     seed: int = 0  # repeat r samples with seed + r
@@ -115,6 +116,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     specs = {m: method_spec(m, cfg.gamma) for m in cfg.methods}  # entry -> (method name, its gamma)
     if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
         gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
+    if cfg.eagle_tree.by_cost and any(name == "eagle-tree" for name, _ in specs.values()):
+        gen.verify_costs(min(cfg.eagle_tree.nodes + 1, MEASURED_TREE_ROWS))  # the same, for a tree sized by cost
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     for peer in peers:
         peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up

@@ -9,6 +9,7 @@ from .cached import CachedModel
 from .sampling import SamplingConfig
 
 CALIBRATION_ROWS = 9  # γ ≤ 8 measured; longer chains extrapolate (theory.verify_cost_at)
+MEASURED_TREE_ROWS = 33  # a tree sized by cost: its passes measured up to here (beyond: extrapolated)
 CALIBRATION_CONTEXT = 32
 
 

@@ -22,7 +22,7 @@ from .dist import Dist
 from .proposal import DrafterContext, Proposal
 from .rows import LogitRows
 from .sampling import SamplingConfig
-from .tree import DynamicTree, TokenTree, select_nodes
+from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TokenTree, nodes_worth_verifying, select_nodes
 
 
 def to_target(q: Dist, vocab_map: np.ndarray, vocab: int) -> Dist:
@@ -111,13 +111,13 @@ class EagleTreeDrafter(EagleDrafter):
     proposes_trees: ClassVar[bool] = True
 
     def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,
-                 shape: DynamicTree = DynamicTree()) -> None:
+                 shape: DynamicTree = DEFAULT_EAGLE_TREE, verify_costs: tuple[float, ...] | None = None) -> None:
         super().__init__(head, target, vocab_map, vocab)
-        self.shape = shape
+        self.shape, self.verify_costs = shape, verify_costs
 
     @classmethod
     def build(cls, ctx: DrafterContext) -> "EagleTreeDrafter":
-        return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab, ctx.eagle_tree)
+        return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab, ctx.eagle_tree, ctx.verify_costs)
 
     def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
                      hidden: np.ndarray | None = None) -> TokenTree:
@@ -150,7 +150,10 @@ class EagleTreeDrafter(EagleDrafter):
                                 C.EAGLE_FEATURES: np.concatenate([features[parents[i]] for i in frontier])})
             row_of = {node: r for r, node in enumerate(frontier)}
             features.update((node, head.hidden[r:r + 1]) for r, node in enumerate(frontier))
-        keep = select_nodes(parents, scores, self.shape.nodes)
+        n = self.shape.nodes
+        if self.shape.by_cost:
+            n = nodes_worth_verifying(scores, self.verify_costs, n)
+        keep = select_nodes(parents, scores, n)
         index = {old: new for new, old in enumerate(keep)}
         return TokenTree([nodes[i] for i in keep], [index.get(parents[i], -1) for i in keep], passes=depth,
                          points=True)

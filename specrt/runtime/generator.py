@@ -13,7 +13,7 @@ from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .cached import CachedModel
-from .costs import measure_verify_costs
+from .costs import CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs
 from .drafters import METHODS, Drafter, DrafterContext
 from .loop import ChainStepper, DecodeState, TreeStepper, decode
 from .options import AUTO, DecodeOptions
@@ -187,12 +187,12 @@ class SpeculativeGenerator:
             ids = [bos] + ids
         return ids
 
-    def verify_costs(self) -> tuple[float, ...]:
-        """What a target pass over 1, 2, ... rows costs against one row on this backend (runtime.costs): how
-        ``gamma="auto"`` weighs a longer chain. Measured on the first call (a fraction of a second on a CPU
-        model), then kept."""
-        if self._verify_costs is None:
-            self._verify_costs = measure_verify_costs(self._models["target"])
+    def verify_costs(self, rows: int = CALIBRATION_ROWS) -> tuple[float, ...]:
+        """What a target pass over 1, 2, ... ``rows`` rows costs against one row on this backend (runtime.costs):
+        how ``gamma="auto"`` weighs a longer chain and a ``nodes="auto"`` tree its nodes. Measured on the first
+        call that asks for that many rows (a fraction of a second to a few seconds on a CPU model), then kept."""
+        if self._verify_costs is None or len(self._verify_costs) < rows:
+            self._verify_costs = measure_verify_costs(self._models["target"], max_rows=rows)
         return self._verify_costs
 
     @property
@@ -221,11 +221,14 @@ class SpeculativeGenerator:
         if getattr(cls, "needs_eagle", False):
             self._load_eagle(method)
         medusa = self.manifest.medusa
+        tree_costs = (self.verify_costs(min(opts.eagle_tree.nodes + 1, MEASURED_TREE_ROWS))
+                      if method == "eagle-tree" and opts.eagle_tree.by_cost else None)
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
                                         acceptance=opts.acceptance, target=self._models["target"],
                                         eagle=self._models.get("eagle"), vocab_map=self._vocab_map,
-                                        eagle_tree=opts.eagle_tree, draft_stop=opts.draft_stop))
+                                        eagle_tree=opts.eagle_tree, draft_stop=opts.draft_stop,
+                                        verify_costs=tree_costs))
 
     def _load_eagle(self, method: str) -> None:
         """The EAGLE-3 head's session, cache and vocabulary map, made on first use."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .sampling import SamplingConfig
-from .tree import DynamicTree, TreeShape
+from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
 
 MAX_GAMMA = 64
 AUTO = "auto"  # the method: the best the bundle holds (SpeculativeGenerator.default_method)
@@ -40,7 +40,7 @@ class DecodeOptions:
     stop: tuple[str, ...] = ()
     tree: TreeShape = field(default_factory=TreeShape)
     acceptance: str = "exact"
-    eagle_tree: DynamicTree = field(default_factory=DynamicTree)
+    eagle_tree: DynamicTree = DEFAULT_EAGLE_TREE
     # A chain (eagle, draft) stops early once the drafter's own softmax gives its next token less than this
     # (0: never; Hugging Face's assistant_confidence_threshold). The length then depends on q alone: exact.
     draft_stop: float = 0.0

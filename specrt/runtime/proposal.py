@@ -8,7 +8,7 @@ import numpy as np
 
 from .cached import CachedModel
 from .dist import Dist
-from .tree import DynamicTree, TreeShape
+from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,9 @@ class DrafterContext:
     target: CachedModel | None = None  # the target, whose taps an EAGLE-3 head reads
     eagle: CachedModel | None = None  # the EAGLE-3 head, loaded where the method needs it
     vocab_map: np.ndarray | None = None  # the head's draft ids -> target ids
-    eagle_tree: DynamicTree = DynamicTree()  # the shape of the EAGLE-2 tree (method eagle-tree)
+    eagle_tree: DynamicTree = DEFAULT_EAGLE_TREE  # the shape of the EAGLE-2 tree (method eagle-tree)
     draft_stop: float = 0.0  # a chain ends where the drafter's softmax gives its next token less
+    verify_costs: tuple[float, ...] | None = None  # v(r) on this backend, where a dynamic tree is sized by cost
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import theory
 from ..errors import ConfigError
 from .dist import Dist, residual
 
@@ -49,11 +50,14 @@ class TreeShape:
 class DynamicTree:
     """EAGLE-2's tree, grown where the drafter is confident: at each of ``depth`` levels the ``topk`` best
     nodes get their ``topk`` most likely children; the ``nodes`` best nodes overall (by the product of the
-    drafter's probabilities along their path) are verified. (4, 4, 16): 4 + 16 + 16 + 16 candidates, 16 kept."""
+    drafter's probabilities along their path) are verified. (4, 4, 16): 4 + 16 + 16 + 16 candidates, 16 kept.
+    ``by_cost`` ("4,4,auto"): each pass verifies as many of the best nodes as pay for their rows on this backend
+    (:func:`nodes_worth_verifying`), at most ``nodes`` (then every candidate, up to MAX_TREE_NODES)."""
 
     topk: int = 4
     depth: int = 4
     nodes: int = 16
+    by_cost: bool = False
 
     def __post_init__(self) -> None:
         for name in ("topk", "depth", "nodes"):
@@ -65,15 +69,43 @@ class DynamicTree:
 
     @classmethod
     def parse(cls, text: str) -> "DynamicTree":
+        """"TOPK,DEPTH,NODES", NODES a count or ``auto`` (as many as pay, :attr:`by_cost`)."""
         try:
-            topk, depth, nodes = (int(x) for x in text.split(","))
+            topk, depth, nodes = (x.strip() for x in text.split(","))
+            if nodes != "auto":
+                return cls(int(topk), int(depth), int(nodes))
+            topk, depth = int(topk), int(depth)
         except ValueError:
-            raise ConfigError(f"a dynamic tree must look like 4,4,16 (top-k per node, depth, nodes), got {text!r}"
-                              ) from None
-        return cls(topk, depth, nodes)
+            raise ConfigError(f"a dynamic tree must look like 4,4,16 or 4,4,auto (top-k per node, depth, nodes), "
+                              f"got {text!r}") from None
+        candidates = topk + (depth - 1) * topk * topk if topk > 0 and depth > 0 else 1
+        return cls(topk, depth, min(candidates, MAX_TREE_NODES), by_cost=True)
 
     def __str__(self) -> str:
-        return f"{self.topk},{self.depth},{self.nodes}"
+        return f"{self.topk},{self.depth},{'auto' if self.by_cost else self.nodes}"
+
+
+
+# The default: a small tree sized by cost (SmolLM2-135M fp32 on a 2-core CPU: 1.31x none beside the chain's
+# 1.29x, where the fixed 4,4,16 ran below none; docs/performance/smollm2-eagle3-cpu.md); on a GPU, where rows
+# are nearly free, every candidate (21) is verified.
+DEFAULT_EAGLE_TREE = DynamicTree.parse("3,3,auto")
+
+def nodes_worth_verifying(scores: Sequence[float], verify_costs: Sequence[float] | None, most: int) -> int:
+    """How many of a tree's best candidates one target pass should verify: the n ≤ ``most`` that maximises
+    the pass's expected tokens per cost, (1 + Σ_{i<n} exp(score_i)) / v(n + 1).
+
+    ``scores``: the candidates' cumulative log-probabilities under the drafter (exp(score) is its chance that
+    the target takes that node's whole path); ``verify_costs``: v(r), an r-row pass against one row
+    (theory.verify_cost_at; None: every row free, so all ``most``). The choice reads the drafter only, never
+    the target, so the kept nodes stay point-mass proposals and verification stays exact."""
+    best_n, best, expected = 0, 1.0, 1.0
+    for n, score in enumerate(sorted(scores, reverse=True)[:most], 1):
+        expected += float(np.exp(score))
+        value = expected / theory.verify_cost_at(verify_costs, n + 1)
+        if value > best:
+            best_n, best = n, value
+    return best_n
 
 
 def select_nodes(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:

@@ -50,7 +50,7 @@ class ServeConfig:
     method: str = "auto"  # the best the bundle holds (SpeculativeGenerator.default_method)
     gamma: int | str = 4
     tree: str = "2,2,1,1"
-    eagle_tree: str = "4,4,16"
+    eagle_tree: str = "3,3,auto"
     draft_stop: float = 0.0
     row_stable: bool = False  # no one-row target pass after the prefill (DecodeOptions.row_stable)
     # Keep the last request's context in the caches (SpeculativeGenerator.reuse_prefix): a request that re-sends

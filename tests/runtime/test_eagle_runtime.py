@@ -143,7 +143,8 @@ def test_auto_is_eagle_where_the_bundle_has_a_head(eagle_gen):
 @pytest.mark.parametrize("options", [dict(method="eagle", gamma=1), dict(method="eagle", gamma=3),
                                      dict(method="eagle", gamma="auto"), dict(method="eagle-tree", eagle_tree="2,3,5"),
                                      dict(method="eagle-tree", eagle_tree="4,4,16"),
-                                     dict(method="eagle-tree", eagle_tree="1,2,1")])
+                                     dict(method="eagle-tree", eagle_tree="1,2,1"),
+                                     dict(method="eagle-tree", eagle_tree="3,3,auto")])
 def test_greedy_eagle_equals_plain_decoding(eagle_gen, options):
     from support.exactness import PROMPTS
 
@@ -154,8 +155,8 @@ def test_greedy_eagle_equals_plain_decoding(eagle_gen, options):
         assert spec.stats.draft_passes > 0
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
-def test_sampled_eagle_matches_the_target_distribution(eagle_gen, method):
+@pytest.mark.parametrize("method, tree", [("eagle", "2,2,4"), ("eagle-tree", "2,2,4"), ("eagle-tree", "2,2,auto")])
+def test_sampled_eagle_matches_the_target_distribution(eagle_gen, method, tree):
     """A random head's q is far from p, so rejections and residual draws decide nearly every token: a
     residual that leaks q's mass shows here. (Acceptances through the vocab map: the trained head's test.)
     The tree's children are the head's top-k: point masses, each rejection zeroing one id of p."""
@@ -168,7 +169,7 @@ def test_sampled_eagle_matches_the_target_distribution(eagle_gen, method):
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(n):
         out = eagle_gen.generate(prompt, max_new_tokens=3, temperature=1.0, top_k=3, seed=seed, method=method,
-                                 gamma=2, eagle_tree="2,2,4")
+                                 gamma=2, eagle_tree=tree)
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
     assert set(counts) <= set(exact)
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
@@ -219,6 +220,34 @@ def test_select_nodes_keeps_the_best_connected_subtree():
     assert select_nodes(parents, scores, 1) == [0]
     # A child that (by rounding) outscores its parent is not kept without it
     assert select_nodes([-1, -1, 1], [-0.1, -0.9, -0.2], 2) == [0, 1]
+
+
+def test_a_tree_sized_by_cost_keeps_the_nodes_that_pay_for_their_rows():
+    from specrt.runtime.tree import nodes_worth_verifying
+
+    scores = np.log([0.9, 0.5, 0.3, 0.05, 0.01])
+    # Rows free (a GPU's memory-bound pass): every candidate; no curve measured is the same
+    assert nodes_worth_verifying(scores, (1.0,) * 8, 5) == 5
+    assert nodes_worth_verifying(scores, None, 3) == 3
+    # Each row +10 %: a node pays while its chance beats the cost of its row at the pass's tokens so far
+    # (1 + 0.9 + 0.5 = 2.4 tokens for 1.2 passes; the 0.3 node: 2.7 / 1.3 = 2.08 > 2.0; 0.05: 2.75 / 1.4 < 2.08)
+    assert nodes_worth_verifying(scores, tuple(1 + 0.1 * r for r in range(8)), 5) == 3
+    # Rows as dear as passes (int8 on a small CPU): no node is worth its row, the pass is a plain step
+    assert nodes_worth_verifying(np.log([0.5, 0.4]), tuple(float(r) for r in range(1, 9)), 2) == 0
+    # Order of the candidates does not matter, and ``most`` caps
+    assert nodes_worth_verifying(scores[::-1], (1.0,) * 8, 2) == 2
+
+
+def test_auto_nodes_parse_to_every_candidate_sized_by_cost():
+    from specrt.errors import ConfigError
+    from specrt.runtime.tree import DynamicTree
+
+    tree = DynamicTree.parse("4,4,auto")
+    assert (tree.topk, tree.depth, tree.nodes, tree.by_cost) == (4, 4, 52, True) and str(tree) == "4,4,auto"
+    assert DynamicTree.parse("8,5,auto").nodes == 64  # capped at MAX_TREE_NODES
+    assert not DynamicTree.parse("4,4,16").by_cost
+    with pytest.raises(ConfigError, match="4,4,auto"):
+        DynamicTree.parse("4,auto,16")
 
 
 def test_point_mass_tree_children_are_exact_under_sampling():
