@@ -18,7 +18,6 @@ import numpy as np
 from .. import theory
 from ..errors import ConfigError
 from ..runtime.drafters import METHODS, proposes_trees
-from ..runtime.costs import MEASURED_TREE_ROWS
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
@@ -116,8 +115,8 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     specs = {m: method_spec(m, cfg.gamma) for m in cfg.methods}  # entry -> (method name, its gamma)
     if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
         gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
-    if cfg.eagle_tree.by_cost and any(name == "eagle-tree" for name, _ in specs.values()):
-        gen.verify_costs(min(cfg.eagle_tree.nodes + 1, MEASURED_TREE_ROWS))  # the same, for a tree sized by cost
+    if any(name == "eagle-tree" for name, _ in specs.values()):
+        gen.tree_verify_costs(cfg.eagle_tree)  # the same, for a tree sized by cost
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     for peer in peers:
         peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up

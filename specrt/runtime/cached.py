@@ -30,6 +30,8 @@ class CachedModel:
         self._device = None  # the last pass's logits when they stayed on the device
         self._serial = 0
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
+        # The graph computes only the rows' logits it is asked for (contract.LOGITS_INDEX)
+        self._indexed = bool(getattr(decoder.entry, "logits_index", False))
         # A target with an EAGLE-3 tap output: the last pass's taps, every row, from position taps_start on.
         self.taps: np.ndarray | None = None
         self.taps_start = 0
@@ -43,8 +45,8 @@ class CachedModel:
         t0 = time.perf_counter()
         args = (self.cache, np.asarray(tokens, np.int64), positions, mask)
         kwargs: dict = {"extra": extra} if extra else {}
-        if getattr(self.decoder.entry, "logits_index", False):
-            kwargs["logits_rows"] = last  # the graph computes these rows' logits only (contract.LOGITS_INDEX)
+        if self._indexed:
+            kwargs["logits_rows"] = last
         out = self.decoder.forward(*args, **kwargs)
         self.forward_s += out.engine_s if out.engine_s is not None else time.perf_counter() - t0
         self._copied += out.copied_bytes + (self._device.copied_bytes if self._device is not None else 0)

@@ -18,6 +18,7 @@ from .drafters import METHODS, Drafter, DrafterContext
 from .loop import ChainStepper, DecodeState, TreeStepper, decode
 from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
+from .tree import DynamicTree
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -140,6 +141,7 @@ class SpeculativeGenerator:
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self._verify_costs: tuple[float, ...] | None = None
+        self._verify_rows = 0  # the most rows verify_costs was asked for
         # Off by default, so every generation costs what the last did (benchmarks). On, a generation whose
         # prompt starts as the last one's context did (the turns of a conversation, one prompt sampled again)
         # feeds only the rest: each cache keeps what it holds of that context.
@@ -191,9 +193,15 @@ class SpeculativeGenerator:
         """What a target pass over 1, 2, ... ``rows`` rows costs against one row on this backend (runtime.costs):
         how ``gamma="auto"`` weighs a longer chain and a ``nodes="auto"`` tree its nodes. Measured on the first
         call that asks for that many rows (a fraction of a second to a few seconds on a CPU model), then kept."""
-        if self._verify_costs is None or len(self._verify_costs) < rows:
+        if self._verify_costs is None or self._verify_rows < rows:  # rows asked: a short cache measures fewer
             self._verify_costs = measure_verify_costs(self._models["target"], max_rows=rows)
+            self._verify_rows = rows
         return self._verify_costs
+
+    def tree_verify_costs(self, shape: DynamicTree) -> tuple[float, ...] | None:
+        """The verify costs a tree sized by cost (``shape.by_cost``) weighs its nodes with, measured up to its
+        rows (at most MEASURED_TREE_ROWS; beyond, extrapolated); None for a fixed tree."""
+        return self.verify_costs(min(shape.nodes + 1, MEASURED_TREE_ROWS)) if shape.by_cost else None
 
     @property
     def default_method(self) -> str:
@@ -221,8 +229,7 @@ class SpeculativeGenerator:
         if getattr(cls, "needs_eagle", False):
             self._load_eagle(method)
         medusa = self.manifest.medusa
-        tree_costs = (self.verify_costs(min(opts.eagle_tree.nodes + 1, MEASURED_TREE_ROWS))
-                      if method == "eagle-tree" and opts.eagle_tree.by_cost else None)
+        tree_costs = self.tree_verify_costs(opts.eagle_tree) if method == "eagle-tree" else None
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
                                         acceptance=opts.acceptance, target=self._models["target"],

@@ -85,11 +85,11 @@ class DynamicTree:
         return f"{self.topk},{self.depth},{'auto' if self.by_cost else self.nodes}"
 
 
-
 # The default: a small tree sized by cost (SmolLM2-135M fp32 on a 2-core CPU: 1.31x none beside the chain's
 # 1.29x, where the fixed 4,4,16 ran below none; docs/performance/smollm2-eagle3-cpu.md); on a GPU, where rows
 # are nearly free, every candidate (21) is verified.
 DEFAULT_EAGLE_TREE = DynamicTree.parse("3,3,auto")
+
 
 def nodes_worth_verifying(scores: Sequence[float], verify_costs: Sequence[float] | None, most: int) -> int:
     """How many of a tree's best candidates one target pass should verify: the n ≤ ``most`` that maximises
