@@ -259,12 +259,16 @@ def eagle() -> None:
 @click.option("--lr", type=float, default=5e-4, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in the output folder, if it matches.")
+@click.option("--keep-checkpoint", is_flag=True,
+              help="Keep OUTPUT/.train (the target's cached data and the last checkpoint) after the run. To train "
+                   "again on that data with other --steps or --lr, delete OUTPUT/.train/checkpoint.pt and pass "
+                   "--resume: nothing is generated again.")
 @click.option("--init", "init", metavar="HEAD", type=click.Path(file_okay=False),
               help="Start from this head (specrt's or the published layout; its draft vocabulary is kept), "
                    "to train it further on new data.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
-                seed: int, resume: bool, init: str | None) -> None:
+                seed: int, resume: bool, keep_checkpoint: bool, init: str | None) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
     target writes itself (never a download).
 
@@ -285,7 +289,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
-                           num_sequences=num_sequences, init=init)
+                           num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint)
     prompts = read_prompts(prompts_file) if prompts_file else None
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,

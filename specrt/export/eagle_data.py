@@ -24,7 +24,7 @@ from .progress import PhaseProgress
 if TYPE_CHECKING:
     from .eagle_train import EagleTrainConfig
 
-_GEN_BATCH = 64  # rows sampled together (prompts of unequal length left-padded; 148 tokens/s on SmolLM2-135M, 2 cores)
+_GEN_BATCH = 128  # rows sampled together (prompts of unequal length left-padded; ~250 tokens/s on SmolLM2-135M, 2 cores)
 _MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
 
 # progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
@@ -102,6 +102,58 @@ def _forward_kwargs(model: Any, cache: Any) -> dict:
     return kwargs
 
 
+def sample_rows(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One id per row of ``probs`` [n, V] by inverse CDF: one uniform draw a row. ``torch.multinomial``
+    draws an exponential per vocabulary entry (~18 % of generating on a 49k vocabulary, 2 cores)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(len(probs), 1, generator=gen, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(probs.shape[-1] - 1)
+
+
+def _grown_in_place(model: Any, capacity: int) -> Any:
+    """A DynamicCache whose full-attention layers write into buffers of ``capacity`` positions, allocated
+    once, where DynamicLayer concatenates a new tensor every step (~11 % of generating at 192 tokens)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class Preallocated(DynamicLayer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.length = 0
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.device = key_states.device
+            b, h, _, d = key_states.shape
+            self.k_buf = key_states.new_empty(b, h, capacity, d)
+            self.v_buf = value_states.new_empty(b, h, capacity, value_states.shape[-1])
+            self.is_initialized = True
+
+        def _view(self) -> None:
+            self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            self.k_buf[:, :, self.length:end], self.v_buf[:, :, self.length:end] = key_states, value_states
+            self.length = end
+            self._view()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.is_initialized:
+                self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
+                self._view()
+
+    cache = DynamicCache(config=model.config)
+    # sliding-window and other special layers keep transformers' own class
+    cache.layers = [Preallocated() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 @dataclass
 class _Seq:
     """One sequence as the target saw it, before the draft vocabulary is known."""
@@ -130,14 +182,12 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
     Rows of different lengths are left-padded, with the padding masked out and each row's positions
     counted from its own first token, so a row sees what it would alone (up to the float rounding of
     batched kernels); a row that ends leaves the batch (and its KV cache), so the rest run no wider."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    kwargs = {**_forward_kwargs(model, cache), "output_hidden_states": True}
     n, lengths = len(prompts), torch.tensor([len(q) for q in prompts])
     width = int(lengths.max())
     pad = width - lengths  # [n]: left padding of each row
     quota = (max_len - lengths).clamp_min(0)  # new tokens each row may add
+    cache = _grown_in_place(model, width + int(quota.max()))
+    kwargs = {**_forward_kwargs(model, cache), "output_hidden_states": True}
     ids = torch.tensor([[0] * (width - len(q)) + list(q) for q in prompts])
     mask = (torch.arange(width)[None] >= pad[:, None]).long()
     positions = (mask.cumsum(1) - 1).clamp_min(0)
@@ -169,7 +219,7 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
         if temperature == 0:
             nxt = logits.argmax(-1)
         else:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
+            nxt = sample_rows(torch.softmax(logits / temperature, -1), gen)
         new[rows, step] = nxt
         step += 1
         ended = torch.isin(nxt, ends)

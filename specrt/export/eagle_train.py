@@ -51,6 +51,7 @@ from .gguf import find_gguf, stage_reused
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed when training ends
+# unless keep_checkpoint
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
 # Fields that change neither the data nor the optimisation: a resumed run may set them differently.
@@ -440,8 +441,10 @@ def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict |
         return None
     state = torch.load(path, weights_only=True)
     if state["fingerprint"] != fingerprint or state["config"] != _training_fields(cfg):
+        reuse = (f"; delete it to train on the cached data with these settings" if state["fingerprint"] == fingerprint
+                 else "")
         raise ConfigError(f"{path} was written by a run with other data or settings; train without resume "
-                          "to start over")
+                          f"to start over{reuse}")
     return state
 
 

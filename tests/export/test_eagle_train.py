@@ -297,6 +297,22 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     torch.testing.assert_close(got[scored], logp[scored], rtol=1e-3, atol=2e-3)
 
 
+def test_sampled_rows_follow_each_rows_distribution():
+    """The generator's sampler (inverse CDF, one uniform a row) draws each row from its own distribution:
+    empirical frequencies of 40,000 draws within 4 standard errors of p, zero-probability ids never drawn,
+    the first and last ids reachable, and a fixed generator seed repeats the draws."""
+    p = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.1, 0.0, 0.0, 0.9], [0.25, 0.25, 0.25, 0.0, 0.25]])
+    n = 40_000
+    draws = ed.sample_rows(p.repeat(n, 1), torch.Generator().manual_seed(3)).view(n, 3)
+    for row in range(3):
+        freq = torch.bincount(draws[:, row], minlength=5).double() / n
+        se = (p[row].double() * (1 - p[row].double()) / n).sqrt()
+        assert bool((freq - p[row]).abs().le(4 * se + 1e-12).all()), (row, freq, p[row])
+        assert bool(freq[p[row] == 0].eq(0).all())
+    again = ed.sample_rows(p.repeat(n, 1), torch.Generator().manual_seed(3)).view(n, 3)
+    assert torch.equal(draws, again)
+
+
 def test_prompts_of_unequal_length_batched_together_continue_as_they_would_alone(target):
     """Generation batches rows across prompts, left-padded: each row's tokens, taps, last states and argmaxes
     are the ones it gets alone, and a row that ends (end id or max_len) stops while the others go on."""
@@ -457,8 +473,8 @@ def test_resume_continues_and_ends_where_an_uninterrupted_run_does(target, tmp_p
     assert not list(out.rglob("*.tmp"))
     assert torch.load(out / et.WORK_DIR / et.CHECKPOINT_NAME, weights_only=True)["step"] == 10
 
-    with pytest.raises(ConfigError, match="other data or settings"):  # another optimisation: not resumable
-        train_eagle(target, out, replace(cfg, lr=1e-3), prompts=PROMPTS, resume=True)
+    with pytest.raises(ConfigError, match="other data or settings.*delete it to train on the cached data"):
+        train_eagle(target, out, replace(cfg, lr=1e-3), prompts=PROMPTS, resume=True)  # another optimisation
     with pytest.raises(ConfigError, match="another target, data"):
         train_eagle(target, out, replace(cfg, seed=1), prompts=PROMPTS, resume=True)
 
@@ -474,6 +490,21 @@ def test_resume_continues_and_ends_where_an_uninterrupted_run_does(target, tmp_p
     a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not (out / et.WORK_DIR).exists()
+
+
+def test_a_kept_cache_trains_again_with_other_settings_without_generating(target, tmp_path):
+    """keep_checkpoint leaves .train/ after a finished run; with its checkpoint deleted, a resumed run with
+    another lr and step count reads the cached data back (no "generate" phase) and trains from the start."""
+    cfg = replace(SMALL, steps=6, checkpoint_every=3, keep_checkpoint=True)
+    first = train_eagle(target, tmp_path / "head", cfg, prompts=PROMPTS)
+    work = tmp_path / "head" / et.WORK_DIR
+    assert (work / et.CACHE_NAME).is_file() and (work / et.CHECKPOINT_NAME).is_file()
+    (work / et.CHECKPOINT_NAME).unlink()
+    calls = []
+    again = train_eagle(target, tmp_path / "head", replace(cfg, steps=4, lr=1e-3), prompts=PROMPTS, resume=True,
+                        progress=lambda *a: calls.append(a))
+    assert "generate" not in {c[0] for c in calls} and again["resumed_from"] is None
+    assert len(again["loss"]["history"]) == 4 and again["data"] == first["data"]
 
 
 def test_a_fresh_run_ignores_a_stale_checkpoint(target, tmp_path):
