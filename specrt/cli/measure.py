@@ -214,7 +214,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         click.echo(m.describe())
         if costs is None:
             costs = gen.verify_costs()
-            click.echo("verify cost v(1..9) on this backend: " + ", ".join(f"{v:.2f}" for v in costs))
+            click.echo(f"verify cost v(1..{len(costs)}) on this backend: " + ", ".join(f"{v:.2f}" for v in costs))
         if mu is None:
             mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
     elif alpha is None or c is None:
