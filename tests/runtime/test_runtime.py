@@ -231,6 +231,29 @@ def test_auto_gamma_weighs_gamma_with_the_verify_cost_curve():
     assert flat.update(step) == 4 and flat.c == pytest.approx(0.05)  # rows assumed free: c read off the 5-row pass
 
 
+def test_a_slow_spell_while_measuring_verify_costs_inflates_no_row_count():
+    """A pass of r rows takes r ms, except four passes in a row that take 10× (the VM busy elsewhere). Each
+    sweep times every row count once, so the spell spoils at most one timing per count and the fastest of
+    three leaves the affine curve exact; four timings of one count back to back would lose that count."""
+    from specrt.runtime.costs import measure_verify_costs
+
+    class Stand:  # the slice of CachedModel the measurement uses
+        def __init__(self):
+            self.forward_s, self.calls = 0.0, 0
+            self.cache = type("Cache", (), {"max_context": 64, "truncate": lambda c, n: None})()
+
+        def reset(self):
+            pass
+
+        def feed(self, tokens, sampling, last=1):
+            self.calls += 1
+            slow = 10.0 if 19 <= self.calls < 23 else 1.0
+            self.forward_s += slow * len(tokens) * 1e-3
+
+    costs = measure_verify_costs(Stand(), max_rows=6, context=4, repeats=3)
+    assert costs == pytest.approx(tuple(float(r) for r in range(1, 7)))
+
+
 def test_verify_costs_are_measured_once_and_leave_the_target_cache_empty(close):
     from specrt.runtime.costs import CALIBRATION_ROWS
 
