@@ -50,8 +50,7 @@ from .gguf import find_gguf, stage_reused
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
-WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed when training ends
-# unless keep_checkpoint
+WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed at the end unless kept
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
 # Fields that change neither the data nor the optimisation: a resumed run may set them differently.
@@ -441,8 +440,8 @@ def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict |
         return None
     state = torch.load(path, weights_only=True)
     if state["fingerprint"] != fingerprint or state["config"] != _training_fields(cfg):
-        reuse = (f"; delete it to train on the cached data with these settings" if state["fingerprint"] == fingerprint
-                 else "")
+        same_data = state["fingerprint"] == fingerprint
+        reuse = "; delete it to train on the cached data with these settings" if same_data else ""
         raise ConfigError(f"{path} was written by a run with other data or settings; train without resume "
                           f"to start over{reuse}")
     return state

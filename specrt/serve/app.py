@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ConfigError
 from ..runtime.options import DecodeOptions
+from ..runtime.tree import DEFAULT_EAGLE_TREE
 from . import protocol
 from .metrics import ServeMetrics
 from .protocol import ApiError, GenerationRequest
@@ -50,7 +51,7 @@ class ServeConfig:
     method: str = "auto"  # the best the bundle holds (SpeculativeGenerator.default_method)
     gamma: int | str = 4
     tree: str = "2,2,1,1"
-    eagle_tree: str = "3,3,auto"
+    eagle_tree: str = str(DEFAULT_EAGLE_TREE)
     draft_stop: float = 0.0
     row_stable: bool = False  # no one-row target pass after the prefill (DecodeOptions.row_stable)
     # Keep the last request's context in the caches (SpeculativeGenerator.reuse_prefix): a request that re-sends
