@@ -13,7 +13,8 @@ The tree mask keeps its contract: the op is causal, and the boolean mask enters 
 causal + bias is exactly the mask. The op takes the lengths from the mask's width (seqlens_k = S - 1,
 total_sequence_length = S). The rewrite is ONNX Runtime only (contrib op): TensorRT keeps the portable
 graph. Only the exact pattern the fused export writes is rewritten; anything else is refused, never
-half-converted.
+half-converted. Each residual Add and the norm after it become one ``SkipSimplifiedLayerNormalization``
+(export/skip_norm.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from ..bundle import contract as C
 from ..errors import ConfigError
+from .skip_norm import fuse_skip_norms
 
 _MS = "com.microsoft"
 
@@ -161,6 +163,7 @@ def rewrite(model, dims: C.ModelDims) -> None:
     del g.node[:]
     g.node.extend(ordered)
     _retype_io(g, dims, dtype)
+    fuse_skip_norms(g)
     drop_dead(model)
     if not any(o.domain == _MS for o in model.opset_import):
         model.opset_import.append(h.make_opsetid(_MS, 1))

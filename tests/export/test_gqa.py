@@ -41,6 +41,10 @@ def test_every_layer_is_one_gqa_node_over_a_shared_buffer(gqa_bundle, close_bund
         ops, fused = _ops(gqa_bundle, role), _ops(close_bundle, role)
         assert ops["GroupQueryAttention"] == entry.dims.num_layers
         assert not {"Attention", "RotaryEmbedding", "Concat"} & set(ops)
+        # each layer's two residual Adds and the norms after them are one node each; only the first
+        # layer's input norm (over the embedding, no Add) stays a plain RMSNormalization
+        assert ops["SkipSimplifiedLayerNormalization"] == 2 * entry.dims.num_layers
+        assert ops["RMSNormalization"] == 1 and ops["Add"] < fused["Add"]
         assert sum(ops.values()) < sum(fused.values())
         names = {o.name for o in onnx.load(str(gqa_bundle / entry.file), load_external_data=False).graph.output}
         assert C.present_key(0) in names and C.new_key(0) not in names
@@ -123,7 +127,8 @@ def test_fp16_and_eagle_targets_rewrite_too(pairs, tmp_path):
     manifest = load_manifest(tmp_path / "eagle")
     # the head's one layer is rewritten too (its cache written in place), and its parity ran on that graph
     assert manifest.target.graph == "gqa" and manifest.models["eagle"].graph == "gqa"
-    assert _ops(tmp_path / "eagle", "eagle")["GroupQueryAttention"] == 1
+    head_ops = _ops(tmp_path / "eagle", "eagle")
+    assert head_ops["GroupQueryAttention"] == 1 and head_ops["SkipSimplifiedLayerNormalization"] == 2
     assert set(manifest.models["eagle"].parity) == {"prefill", "step", "chain", "tree"}
     quantize_bundle(tmp_path / "eagle", tmp_path / "q8", QuantizeOptions(bits=None, eagle_bits=8))
     assert load_manifest(tmp_path / "q8").models["eagle"].graph == "gqa"
