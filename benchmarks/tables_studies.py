@@ -80,6 +80,7 @@ def serve_replicas(data: dict) -> str:
 table("serve-replicas-cpu", "serve-replicas-cpu.json")(serve_replicas)
 table("smollm2-side-by-side-cpu", "smollm2-side-by-side-cpu.json")(side_by_side)
 table("smollm2-side-by-side-eagle3-cpu", "smollm2-side-by-side-eagle3-cpu.json")(side_by_side)
+table("smollm2-side-by-side-r8-cpu", "smollm2-side-by-side-r8-cpu.json")(side_by_side)
 table("smollm2-int8-vs-q8-cpu", "smollm2-int8-vs-q8-cpu.json")(side_by_side)
 table("smollm2-r6-int8-vs-llama-cpu", "smollm2-r6-int8-vs-llama-cpu.json")(side_by_side)
 table("smollm2-r6-q41-vs-llama-cpu", "smollm2-r6-q41-vs-llama-cpu.json")(side_by_side)
@@ -372,15 +373,20 @@ def low_memory(data: dict) -> str:
                 "load", "same tokens"], rows)
 
 
-def logits_rows(data: dict) -> str:
-    """benchmarks/logits_rows.py: a bundle without logits_index against one with it, alternating."""
+def export_ab(data: dict) -> str:
+    """benchmarks/export_ab.py: two exports of one model (before and after a graph change), alternating."""
     runs = list(data["runs"].items())
-    lengths = list(runs[0][1]["prefill_ms"])
+    lengths = list(runs[0][1].get("prefill_ms", {}))
+    steps = list(runs[0][1].get("step_ms", {}))
     cell = lambda r, f: f"{r['old']:{f}} → {r['new']:{f}} ({r['new_over_old']:.2f}×)"  # noqa: E731
     return _md(["target, method", *(f"prefill, {n} tokens (ms)" for n in lengths),
+                *(f"{q}-row step at {runs[0][1]['past']} cached (ms)" for q in steps),
                 "tokens/s, 14 chat prompts × 64"],
-               [[label, *(cell(r["prefill_ms"][n], ".0f") for n in lengths), cell(r["tokens_per_second"], ".1f")]
+               [[label, *(cell(r["prefill_ms"][n], ".0f") for n in lengths),
+                 *(cell(r["step_ms"][q], ".2f") if "step_ms" in r else "–" for q in steps),
+                 cell(r["tokens_per_second"], ".1f")]
                 for label, r in runs])
 
 
-table("logits-rows-cpu", "logits-rows-cpu.json")(logits_rows)
+table("logits-rows-cpu", "logits-rows-cpu.json")(export_ab)
+table("skip-norm-cpu", "skip-norm-cpu.json")(export_ab)
