@@ -149,15 +149,15 @@ def residual(p: Dist, q: Dist) -> Dist:
     """norm(max(0, p - q)): what to sample after rejecting a token drawn from q. Its support is inside
     p's, so a sparse p gives a sparse residual; a full p costs one float64 row, once per rejection."""
     if p.ids is not None:
-        r = np.maximum(p.probs_of(p.ids) - q.probs_of(p.ids), 0.0)
+        r = np.maximum(np.divide(p.weights, p.total, dtype=np.float64) - q.probs_of(p.ids), 0.0)
         return p if r.sum() < MIN_RESIDUAL_MASS else Dist(p.ids, r, p.vocab)
     r = p.weights.astype(np.float64) / p.total
     if q.ids is None:
         n = min(len(r), len(q.weights))
         r[:n] -= np.divide(q.weights[:n], q.total, dtype=np.float64)
-    else:
-        inside = q.ids[q.ids < len(r)]
-        r[inside] -= q.probs_of(inside)
+    else:  # q's own ids index its weights: no lookup (an EAGLE head's q holds 16k-32k of them)
+        inside = q.ids < len(r)
+        r[q.ids[inside]] -= np.divide(q.weights[inside], q.total, dtype=np.float64)
     np.maximum(r, 0.0, out=r)
     return p if r.sum() < MIN_RESIDUAL_MASS else Dist(None, r, p.vocab)
 
@@ -170,5 +170,6 @@ def overlap(p: Dist, q: Dist) -> float:
         both = np.multiply(p.weights[:n], np.float32(1 / p.total), dtype=np.float32)
         np.minimum(both, np.multiply(q.weights[:n], np.float32(1 / q.total), dtype=np.float32), out=both)
         return float(both.sum())
-    ids = p.ids if q.ids is None or (p.ids is not None and len(p.ids) <= len(q.ids)) else q.ids
-    return float(np.minimum(p.probs_of(ids), q.probs_of(ids)).sum())
+    # the smaller support's own weights, the other's looked up on it
+    small, other = (p, q) if q.ids is None or (p.ids is not None and len(p.ids) <= len(q.ids)) else (q, p)
+    return float(np.minimum(np.divide(small.weights, small.total, dtype=np.float64), other.probs_of(small.ids)).sum())
