@@ -73,11 +73,14 @@ class KVCache(CacheLength):
         """
         keep = np.asarray(keep, dtype=np.int64)
         self.check_keep(keep, start, self.max_context)
-        src = start + keep
-        dst = start + np.arange(keep.size)
-        for buf in (*self.keys, *self.values):
-            if self.heads_major:
-                buf[:, :, dst] = buf[:, :, src]
-            else:
-                buf[:, dst] = buf[:, src]  # fancy indexing reads all sources before writing
+        # keep[j] >= j, and once a row moves every later one does: rows before the first gap stay put (most
+        # tree steps keep a prefix of the slots, the top child or none, and then nothing is copied).
+        first = int(np.argmax(keep != np.arange(keep.size))) if keep.size and keep[-1] != keep.size - 1 else keep.size
+        if first < keep.size:
+            src, dst = start + keep[first:], slice(start + first, start + keep.size)
+            for buf in (*self.keys, *self.values):
+                if self.heads_major:
+                    buf[:, :, dst] = buf[:, :, src]
+                else:
+                    buf[:, dst] = buf[:, src]  # fancy indexing reads all sources before writing
         self.length = start + keep.size

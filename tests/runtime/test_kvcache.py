@@ -63,6 +63,18 @@ def test_compact_moves_an_accepted_tree_path():
         c.compact(4, [2, 1])
 
 
+@pytest.mark.parametrize("keep, want", [([], []), ([0], [100]), ([0, 1], [100, 101]), ([0, 1, 4], [100, 101, 104]),
+                                        ([1, 3], [101, 103])])
+def test_compact_keeps_a_prefix_in_place_and_moves_the_rest(keep, want):
+    c = KVCache(DIMS, 16, np.float32)
+    filled(c, 4)
+    filled(c, 6, start_value=100)
+    c.compact(4, keep)
+    assert c.length == 4 + len(keep)
+    assert c.keys[0][0, 4:c.length, 1, 1].tolist() == want and c.values[1][0, 4:c.length, 0, 0].tolist() == [-w for w in want]
+    assert c.keys[1][0, :4, 0, 0].tolist() == [0, 1, 2, 3]
+
+
 def test_a_heads_major_cache_compacts_along_its_position_axis():
     """The GroupQueryAttention layout [1, H_kv, max_context, D]: the same moves as the seq-major cache."""
     seq, heads = KVCache(DIMS, 16, np.float32), KVCache(DIMS, 16, np.float32, heads_major=True)

@@ -397,3 +397,17 @@ def test_top_p_edges_within_float32_rounding_keep_the_reference_set():
         kept = np.flatnonzero(warp(row, cfg, v).dense())
         ref = np.flatnonzero(probs_from_logits(row[None], cfg)[0])
         assert np.array_equal(kept, ref), (v, cfg, len(kept), len(ref))
+
+
+def test_top_logprobs_are_the_plain_log_softmax_at_the_best_ids():
+    """What a dynamic tree ranks its candidates by: temperature 1, no truncation, whatever the sampling
+    config, on a float32 row (exp in float32, summed in float64)."""
+    rng = np.random.default_rng(6)
+    logits = (rng.normal(size=(2, 16384)) * 4).astype(np.float32)
+    rows = LogitRows(logits, SamplingConfig(temperature=0.7, top_p=0.9), 16384)
+    for i in range(2):
+        ids, logp = rows.top_logprobs(i, 5)
+        ref = logits[i].astype(np.float64)
+        ref = ref - ref.max() - np.log(np.exp(ref - ref.max()).sum())
+        assert ids.tolist() == np.argsort(-ref, kind="stable")[:5].tolist()
+        np.testing.assert_allclose(logp, ref[ids], atol=1e-5)
