@@ -378,13 +378,12 @@ def export_ab(data: dict) -> str:
     runs = list(data["runs"].items())
     lengths = list(runs[0][1].get("prefill_ms", {}))
     steps = list(runs[0][1].get("step_ms", {}))
-    cell = lambda r, f: f"{r['old']:{f}} → {r['new']:{f}} ({r['new_over_old']:.2f}×)"  # noqa: E731
+    cell = lambda r, f: f"{r['old']:{f}} → {r['new']:{f}} ({r['new_over_old']:.2f}×)" if r else "–"  # noqa: E731
     return _md(["target, method", *(f"prefill, {n} tokens (ms)" for n in lengths),
                 *(f"{q}-row step at {runs[0][1]['past']} cached (ms)" for q in steps),
                 "tokens/s, 14 chat prompts × 64"],
-               [[label, *(cell(r["prefill_ms"][n], ".0f") for n in lengths),
-                 *(cell(r["step_ms"][q], ".2f") if "step_ms" in r else "–" for q in steps),
-                 cell(r["tokens_per_second"], ".1f")]
+               [[label, *(cell(r.get("prefill_ms", {}).get(n), ".0f") for n in lengths),
+                 *(cell(r.get("step_ms", {}).get(q), ".2f") for q in steps), cell(r.get("tokens_per_second"), ".1f")]
                 for label, r in runs])
 
 
