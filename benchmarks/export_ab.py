@@ -7,10 +7,10 @@ and its norm, export/skip_norm.py).
 
 Per prompt length: the target's prefill pass (what the time to the first token is made of), timed alone;
 the decode step alone (a q-row target pass after ``--past`` cached positions, ``--step-rows``); then whole
-greedy generations of the 14 held-out chat prompts × 64 tokens with ``--method``, whose
-tokens/s includes the prefills and, for ``eagle``, the head's catch-up passes. Medians over ``--reps``
-(prefills) and ``--gen-reps`` (generations; default a third of ``--reps``) alternations; the ratio
-NEW / OLD per alternation, then its median, cancels the machine's drift.
+greedy generations of the 14 held-out chat prompts × 64 tokens with ``--method`` (as plain text where the
+bundle has no chat template), whose tokens/s includes the prefills and, for ``eagle``, the head's catch-up
+passes. Medians over ``--reps`` (prefills, steps) and ``--gen-reps`` (generations; default a third of
+``--reps``) alternations; the ratio NEW / OLD per alternation, then its median, cancels the machine's drift.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def prefill_ms(gen, ids: list[int]) -> float:
 
 def generation_tps(gen, prompts: list[str], method: str) -> float:
     tokens, seconds = 0, 0.0
+    chat = bool(gen.manifest.tokenizer.chat_template)  # a bundle without a template continues the text
     for p in prompts:
-        out = gen.chat([{"role": "user", "content": p}], max_new_tokens=64, method=method, gamma="auto")
+        opts = dict(max_new_tokens=64, method=method, gamma="auto")
+        out = gen.chat([{"role": "user", "content": p}], **opts) if chat else gen.generate(p, **opts)
         tokens, seconds = tokens + len(out.token_ids), seconds + out.stats.total_s
     return tokens / seconds
 

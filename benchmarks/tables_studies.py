@@ -116,6 +116,21 @@ def host_work(data: dict) -> str:
 table("host-work-cpu", "host-work-cpu.json")(host_work)
 
 
+def host_work_ab(data: dict) -> str:
+    """`specrt bench` processes of two checkouts alternating: host work per token and tokens/s per method."""
+    med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+    rows = []
+    for key, r in data["runs"].items():
+        setting, method = key.split("|")
+        rows.append([setting, method, *(f"{med(r[s], 'host_ms_per_token'):.2f} ms" for s in ("old", "new")),
+                     *(f"{med(r[s], 'tokens_per_second'):.1f}" for s in ("old", "new"))])
+    return _md(["decoding", "method", f"host / token, {data['old']}", f"host / token, {data['new']}",
+                f"tokens/s, {data['old']}", f"tokens/s, {data['new']}"], rows)
+
+
+table("host-work-sampled-cpu", "host-work-sampled-cpu.json")(host_work_ab)
+
+
 def row_numerics(data: dict) -> str:
     """benchmarks/row_numerics.py: the last prompt row by an r-row pass against the prefill's."""
     rows = []
