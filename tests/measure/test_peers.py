@@ -250,3 +250,29 @@ def test_with_chat_the_peer_tokenizes_the_rendered_conversation(chat_bundle):
     res = run_bench(chat, ["Hi there", "Name a colour."], BenchConfig(methods=("none",), max_new_tokens=3,
                                                                        repeats=1, chat=True), peers=[Echo()])
     assert res["peers"]["echo"]["prompt_ids_equal"] == 1.0
+
+
+def test_genai_gets_as_many_threads_as_specrt(tmp_path, monkeypatch):
+    """Without --threads GenAI's own default ran like one thread beside specrt's two: each peer is given the
+    thread count specrt's sessions use (--threads, or every core), and says so in its details."""
+    import os
+    import types
+
+    from specrt.measure.peers import ortgenai as og_peer
+
+    overlays = []
+
+    class Config:
+        def __init__(self, path):
+            self.path = path
+
+        def overlay(self, text):
+            overlays.append(json.loads(text))
+
+    stand_in = types.SimpleNamespace(Config=Config, Model=lambda config: config, Tokenizer=lambda model: None,
+                                     __version__="stand-in")
+    monkeypatch.setattr(og_peer, "_og", lambda: stand_in)
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"eos_token_id": 2}}))
+    threads = lambda o: o["model"]["decoder"]["session_options"]["intra_op_num_threads"]  # noqa: E731
+    assert og_peer.OrtGenaiPeer(tmp_path).details["threads"] == os.cpu_count() == threads(overlays[-1])
+    assert og_peer.OrtGenaiPeer(tmp_path, threads=1).details["threads"] == 1 == threads(overlays[-1])
