@@ -75,8 +75,9 @@ class KVCache(CacheLength):
         self.check_keep(keep, start, self.max_context)
         # keep[j] >= j, and once a row moves every later one does: rows before the first gap stay put (most
         # tree steps keep a prefix of the slots, the top child or none, and then nothing is copied).
-        first = int(np.argmax(keep != np.arange(keep.size))) if keep.size and keep[-1] != keep.size - 1 else keep.size
-        if first < keep.size:
+        moved = np.flatnonzero(keep != np.arange(keep.size))
+        if moved.size:
+            first = int(moved[0])
             src, dst = start + keep[first:], slice(start + first, start + keep.size)
             for buf in (*self.keys, *self.values):
                 if self.heads_major:
