@@ -15,7 +15,7 @@ from .backends import Decoder, create_decoder, create_heads
 from .cached import CachedModel
 from .costs import CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs
 from .drafters import METHODS, Drafter, DrafterContext
-from .loop import ChainStepper, DecodeState, TreeStepper, decode
+from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
 from .tree import DynamicTree
@@ -295,8 +295,9 @@ class SpeculativeGenerator:
     def _decode(self, tokens: list[int], opts: DecodeOptions, method: str,
                 drafter: Drafter) -> Generator[str, None, GenerationResult]:
         auto = opts.gamma == "auto" and method != "none" and not drafter.proposes_trees
-        stepper = (TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma if method != "none" else 0, self.verify_costs() if auto else None))
+        stepper = (PlainStepper() if method == "none"
+                   else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
+                   else ChainStepper(opts.gamma, self.verify_costs() if auto else None))
         reused = self._rewind(tokens, drafter)
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),

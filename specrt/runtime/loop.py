@@ -51,6 +51,15 @@ def prefill(s: DecodeState) -> int:
     return p.sample(s.rng)
 
 
+def plain_step(s: DecodeState) -> tuple[list[int], StepRecord]:
+    """Plain decoding: one target pass over what its cache lacks (the last token); its distribution gives
+    the next token. The baseline's step, with nothing of speculation's bookkeeping around the pass."""
+    t0 = time.perf_counter()
+    p = s.target.feed(verify_rows(s, []), s.sampling)
+    t1 = time.perf_counter()
+    return [p[0].sample(s.rng)], StepRecord(0, 0, [], 0, 0.0, t1 - t0)
+
+
 def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]:
     """Draft γ tokens, verify them all in ONE target pass, keep what exact rejection sampling accepts + 1."""
     context_len = len(s.tokens)
@@ -146,6 +155,13 @@ class ChainStepper:
         return step
 
 
+class PlainStepper:
+    """One plain_step per call (method ``none``)."""
+
+    def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
+        return plain_step(s)
+
+
 class TreeStepper:
     """One tree_step per call; the tree is cut to the depth the token budget can still use.
     ``typical`` selects Medusa's typical acceptance for sampling, which is LOSSY."""
@@ -157,7 +173,7 @@ class TreeStepper:
         return tree_step(s, budget, self.typical)
 
 
-def decode(s: DecodeState, max_new_tokens: int, step: ChainStepper | TreeStepper,
+def decode(s: DecodeState, max_new_tokens: int, step: ChainStepper | PlainStepper | TreeStepper,
            stop_ids: frozenset[int]) -> Iterator[list[int]]:
     """Yield chunks of new token ids until max_new_tokens or a stop id (the stop id is not yielded)."""
     produced = 0
