@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 
 
 def load(bundle=None, backend: str = "auto", threads: int | None = None,
-         low_memory: bool | None = None) -> "SpeculativeGenerator":
+         low_memory: bool | None = None, shared_threads: bool = False) -> "SpeculativeGenerator":
     """Load a bundle folder (default: the shipped demo bundle). See :class:`SpeculativeGenerator`."""
     from .runtime.generator import load as _load
 
-    return _load(bundle, backend=backend, threads=threads, low_memory=low_memory)
+    return _load(bundle, backend=backend, threads=threads, low_memory=low_memory, shared_threads=shared_threads)
 
 
 __all__ = ["DecodeOptions", "load", "__version__"]

@@ -21,6 +21,10 @@ from support.models import (  # noqa: E402
 def _own_cache_dir(tmp_path_factory, monkeypatch):
     """specrt's per-user cache (the trusted-engine registry) in a folder of the test session, not ~/.cache."""
     monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "specrt-cache"))
+    # The CLI's default pool (shared) is ONNX Runtime's global one: process-wide and for good, so CLI commands
+    # run inside this process would put every later session of the test run on it. They get a pool per model;
+    # tests/runtime/test_thread_pool.py runs the shared pool in processes of its own.
+    monkeypatch.setenv("SPECRT_THREAD_POOL", "per-model")
 
 
 @pytest.fixture(scope="session")

@@ -71,7 +71,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
           max_new_tokens: int, repeats: int, gamma: int | str, draft_stop: float, row_stable: bool, temperature: float,
           top_k: int,
           top_p: float,
-          greedy_baseline: bool, json_out: str | None, threads: int | None, compare: tuple[str, ...],
+          greedy_baseline: bool, json_out: str | None, threads: int | None, thread_pool: str, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_gguf: str | None,
           peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
@@ -125,7 +125,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
-    gen = load(bundle, threads=threads, low_memory=low_memory)
+    gen = load(bundle, threads=threads, low_memory=low_memory, shared_threads=thread_pool == "shared")
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
     notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
@@ -173,9 +173,10 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
                    "backend with --bundle; else 1 for every row count, the paper's memory-bound pass].")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write a PNG of speedup vs γ (needs matplotlib).")
+@threads_option
 def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, chat: bool,
          prompts_file: str | None, demo: bool, temperature: float, context: int, max_gamma: int,
-         verify_costs: str | None, plot_file: str | None) -> None:
+         verify_costs: str | None, plot_file: str | None, threads: int | None, thread_pool: str) -> None:
     """Table of γ, E[tokens per target pass], relative cost γc+v(γ+1), speedup and arithmetic-ops factor; marks
     the optimal γ and says how close it gets to the unlimited-γ ceiling.
 
@@ -206,7 +207,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         from ..data import prompts as builtin_prompts
         from ..measure.bench import read_prompts
 
-        gen = load(bundle)
+        gen = load(bundle, threads=threads, shared_threads=thread_pool == "shared")  # c depends on the pool
         prompts = (read_prompts(prompts_file) if prompts_file
                    else builtin_prompts("chat")[-8:] if chat else builtin_prompts("code"))
         m = measure(gen, prompts, temperature=temperature, chat=chat)
@@ -235,7 +236,9 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
               help="chat: 12 of the shipped chat prompts as user messages in the bundle's chat template (instruct "
                    "models, and heads trained on their replies).")
 @backend_option
-def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str) -> None:
+@threads_option
+def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str, threads: int | None,
+           thread_pool: str) -> None:
     """Check a bundle on this backend: PASS/FAIL with figures, exit code 1 on any FAIL.
 
     \b
@@ -267,7 +270,7 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
 
     if samples < 10:
         raise click.BadParameter("use at least 10 samples", param_hint="--samples")
-    gen = load(bundle, backend=backend)
+    gen = load(bundle, backend=backend, threads=threads, shared_threads=thread_pool == "shared")
     checks = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True) as bar:

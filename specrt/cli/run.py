@@ -53,7 +53,7 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         max_new_tokens: int,
         temperature: float, top_k: int,
         top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool, backend: str,
-        threads: int | None, low_memory: bool | None) -> None:
+        threads: int | None, thread_pool: str, low_memory: bool | None) -> None:
     """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout. With --chat
     MESSAGE (instead of PROMPT), reply to MESSAGE as the instruct model's assistant.
 
@@ -74,7 +74,8 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         raise click.UsageError("give either PROMPT or --chat MESSAGE")
     if system_message is not None and chat_message is None:
         raise click.UsageError("--system needs --chat")
-    gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory)
+    gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory,
+                      shared_threads=thread_pool == "shared")
     if chat_message is not None:
         messages = ([{"role": "system", "content": system_message}] if system_message is not None else []) + [
             {"role": "user", "content": chat_message}]
@@ -153,7 +154,7 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
           eagle_tree: str,
           max_queue: int, reuse_prefix: bool,
           api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
-          threads: int | None, log_level: str, low_memory: bool | None, replicas: int | None,
+          threads: int | None, thread_pool: str, log_level: str, low_memory: bool | None, replicas: int | None,
           min_replicas: int | None, max_replicas: int | None, ray_address: str | None, replica_gpus: float) -> None:
     """Serve the bundle with OpenAI's HTTP API (needs `pip install 'specrt[serve]'`).
 
@@ -195,8 +196,9 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
                          drain_timeout_s=drain_timeout, log_level=log_level)
     announce = functools.partial(click.echo, err=True)
+    load = {"backend": backend, "threads": threads, "low_memory": low_memory, "shared_threads": thread_pool == "shared"}
     if replicas is None and min_replicas is None and max_replicas is None and ray_address is None:
-        gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory)
+        gen = load_bundle(bundle, **load)
         serve_forever(gen, config, announce=announce)
         return
     from ..serve.app import bundle_model_id
@@ -206,5 +208,5 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
         raise click.UsageError("give --replicas N, or --min-replicas and --max-replicas to autoscale, not both")
     cluster = ClusterConfig(replicas=1 if replicas is None else replicas, min_replicas=min_replicas,
                             max_replicas=max_replicas, address=ray_address, cpus=float(threads or 1), gpus=replica_gpus)
-    run_cluster(bundle, {"backend": backend, "threads": threads, "low_memory": low_memory}, config, cluster,
+    run_cluster(bundle, load, config, cluster,
                 bundle_model_id(bundle, config), announce=announce)

@@ -227,6 +227,7 @@ def export_heads(heads: MedusaHeads, path: Path, hidden_dtype: torch.dtype, topk
     import onnxruntime as ort
 
     from ..errors import ParityError
+    from ..runtime.backends.onnxruntime import session_options
     from .onnx_export import quiet_tracer
 
     graph = MedusaTopK(heads.to(hidden_dtype), topk)
@@ -235,7 +236,7 @@ def export_heads(heads: MedusaHeads, path: Path, hidden_dtype: torch.dtype, topk
         torch.onnx.export(graph, (example,), str(path), input_names=["hidden"], output_names=["ids", "logprobs"],
                           dynamic_axes={"hidden": {0: "batch", 1: "query"}, "ids": {0: "batch", 1: "query"},
                                         "logprobs": {0: "batch", 1: "query"}}, opset_version=opset, dynamo=False)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
     x = torch.randn(1, 5, heads.blocks[0].in_features, generator=torch.Generator().manual_seed(0)).to(hidden_dtype)
     ids, lp = sess.run(None, {"hidden": x.numpy()})
     with torch.no_grad():

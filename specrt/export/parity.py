@@ -26,7 +26,7 @@ from ..bundle.parity import (
     within,
 )
 from ..errors import ParityError
-from ..runtime.backends.onnxruntime import low_memory_options
+from ..runtime.backends.onnxruntime import low_memory_options, session_options
 from ..runtime.masks import causal_mask, tree_mask
 
 PROMPT_LEN = 7
@@ -136,7 +136,7 @@ def parity_session(path: Path):
     the five cases on that model 3.5 -> 1.7 GB anonymous memory, 10 -> 14 s)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = session_options()
     disabled = low_memory_options(options)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, Sequence
@@ -12,6 +13,7 @@ from ..bundle import safety
 from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
+from .backends.onnxruntime import share_threads
 from .cached import CachedModel
 from .costs import CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs
 from .drafters import METHODS, Drafter, DrafterContext
@@ -117,13 +119,19 @@ class SpeculativeGenerator:
     """A loaded bundle: tokenizer, target and (if present) draft sessions and caches, created once."""
 
     def __init__(self, bundle: str | Path, backend: str = "auto", threads: int | None = None,
-                 low_memory: bool | None = None) -> None:
+                 low_memory: bool | None = None, shared_threads: bool = False) -> None:
         """``low_memory``: sessions that keep no second copy of the weights, slower (ONNX Runtime on CPU);
-        None: each where the default one would not fit in the memory available."""
+        None: each where the default one would not fit in the memory available. ``shared_threads``: every
+        ONNX Runtime session of this process on one pool of ``threads`` workers, so a draft or head runs on
+        the target's spinning workers (faster on CPUs; ORT then refuses sessions with pools of their own in
+        the whole process: see :func:`~specrt.runtime.backends.onnxruntime.share_threads`)."""
         from tokenizers import Tokenizer
 
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
+        if shared_threads and backend in ("auto", "onnxruntime"):
+            with contextlib.suppress(ImportError):  # no ONNX Runtime: no pool to share
+                share_threads(threads)
         m = self.manifest
         safety.fits_in_memory(safety.kv_cache_bytes(m.max_context, [(e.dims, e.dtype) for e in m.models.values()]),
                               f"the KV cache of bundle {self.bundle} at its max context of {m.max_context}")
@@ -372,10 +380,11 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def load(bundle: str | Path | None = None, backend: str = "auto", threads: int | None = None,
-         low_memory: bool | None = None) -> SpeculativeGenerator:
+         low_memory: bool | None = None, shared_threads: bool = False) -> SpeculativeGenerator:
     """Load a bundle folder; with no path, the demo bundle that ships inside the package."""
     if bundle is None:
         from .. import demo
 
         bundle = demo.bundle_path()
-    return SpeculativeGenerator(bundle, backend=backend, threads=threads, low_memory=low_memory)
+    return SpeculativeGenerator(bundle, backend=backend, threads=threads, low_memory=low_memory,
+                                shared_threads=shared_threads)

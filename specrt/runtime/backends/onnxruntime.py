@@ -109,26 +109,79 @@ def low_memory_options(opts) -> list[str]:
     return ["ConstantFolding", "FuseFp16InitializerToFp32NodeTransformer"]
 
 
-def _session(path: Path, threads: int | None, helper: bool = False, plan: MemoryPlan = MemoryPlan(False, "")):
-    """``helper``: a model run between target passes. Only the target's pool spins.
+# The width of the process's shared intra-op pool (ORT's global thread pool) once share_threads made it.
+_shared_pool: dict[str, int] = {}
+_PER_SESSION_REFUSED = "use_per_session_threads must be false"  # ORT's words once a global pool exists
 
-    The target's workers spin between its nodes (a wake-up per node cost an int4 demo step 1.7 → 2.6 ms);
-    a helper's pool must not spin as well, or the two fight for the cores (target step +50 % on 2 cores).
-    """
+
+def share_threads(threads: int | None) -> int:
+    """Make every ONNX Runtime session this process creates from now on run on one shared intra-op pool of
+    ``threads`` workers (None or 0: ORT's default, one per physical core); returns the pool's width.
+
+    With one pool the target's spinning workers also run the draft's or EAGLE head's passes between target
+    passes, on every core, where a pool of its own would fight the target's for the cores or run on one
+    thread (SmolLM2-135M's head pass 2.6 → 1.5 ms on 2 cores). ORT allows one such pool per process, made
+    once, and then refuses sessions with pools of their own, in specrt and in any other code of the process:
+    hence a choice of the process's owner (the CLI makes it; an app passes ``shared_threads=True`` to
+    :func:`specrt.load`). A later call keeps the first width."""
+    import onnxruntime as ort
+
+    if "threads" not in _shared_pool:
+        try:
+            ort.set_global_thread_pool_sizes(threads or 0, 1)
+        except Exception as e:  # other code of this process made it first: its width stays (0: not known)
+            if "already been created" not in str(e):
+                raise
+            threads = 0
+        _shared_pool["threads"] = threads or 0
+    return _shared_pool["threads"]
+
+
+def session_options(shared: bool | None = None):
+    """A new ``ort.SessionOptions`` this process's ONNX Runtime accepts: on the shared pool once
+    :func:`share_threads` made it (``shared`` None), or as ``shared`` says."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads or 0
-    if helper:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if C.graph_bytes(path) < _SMALL_HELPER_BYTES:
-            opts.intra_op_num_threads = 1
-    disabled = low_memory_options(opts) if plan.low_memory else []
-    opts.log_severity_level = 3
-    try:
+    if "threads" in _shared_pool if shared is None else shared:
+        opts.use_per_session_threads = False
+    return opts
+
+
+def _session(path: Path, threads: int | None, helper: bool = False, plan: MemoryPlan = MemoryPlan(False, "")):
+    """``helper``: a model run between target passes. With pools of their own only the target's spins.
+
+    The target's workers spin between its nodes (a wake-up per node cost an int4 demo step 1.7 → 2.6 ms);
+    a helper's pool must not spin as well, or the two fight for the cores (target step +50 % on 2 cores).
+    On the process's shared pool (:func:`share_threads`) every session's nodes run on the same workers.
+    """
+    import onnxruntime as ort
+
+    def options(shared: bool):
+        opts = session_options(shared)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        if not shared:
+            opts.intra_op_num_threads = threads or 0
+            if helper:
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                if C.graph_bytes(path) < _SMALL_HELPER_BYTES:
+                    opts.intra_op_num_threads = 1
+        return opts, low_memory_options(opts) if plan.low_memory else []
+
+    def create(shared: bool):
+        opts, disabled = options(shared)
         return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()),
                                     disabled_optimizers=disabled)
+
+    shared = "threads" in _shared_pool
+    try:
+        try:
+            return create(shared)
+        except Exception as e:
+            if shared or _PER_SESSION_REFUSED not in str(e):
+                raise
+            return create(True)  # other code of this process made ORT's global pool: every session must use it
     except Exception as e:  # onnxruntime raises its own untyped errors for bad files
         raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
 
