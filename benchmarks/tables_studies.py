@@ -406,3 +406,25 @@ def export_ab(data: dict) -> str:
 
 table("logits-rows-cpu", "logits-rows-cpu.json")(export_ab)
 table("skip-norm-cpu", "skip-norm-cpu.json")(export_ab)
+
+
+def thread_pool(data: dict) -> str:
+    """benchmarks/thread_pool.py: `specrt bench` processes with a pool per model and one shared pool, alternating."""
+    rows = []
+    for label, b in data["bundles"].items():
+        med = b["median"]
+        for method, shared in med["shared"].items():
+            per = med["per-model"][method]
+            speedups = [[r[method]["speedup_vs_none"] for r in b["runs"][mode]] for mode in ("per-model", "shared")]
+            draft = (f"{per['draft_pass_ms']:.2f} → {shared['draft_pass_ms']:.2f} ms" if per["draft_pass_ms"] else "–")
+            rows.append([label, method, f"{per['tokens_per_second']:.1f} → {shared['tokens_per_second']:.1f}",
+                         f"{statistics.median(b['shared_over_per_model'][method]):.2f}×",
+                         "–" if method == "none" else
+                         " → ".join(f"{statistics.median(s):.2f}× ({', '.join(f'{x:.2f}' for x in s)})" for s in speedups),
+                         draft, f"{per['target_pass_ms']:.1f} → {shared['target_pass_ms']:.1f} ms"])
+    return _md(["bundle", "method", "tokens/s, per-model → shared", "shared / per-model, per round",
+                "speedup over none in the same process, per-model → shared (rounds)", "draft or head pass",
+                "target pass (verify passes included)"], rows)
+
+
+table("thread-pool-cpu", "thread-pool-cpu.json")(thread_pool)
