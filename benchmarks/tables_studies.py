@@ -429,3 +429,16 @@ def thread_pool(data: dict) -> str:
 
 
 table("thread-pool-cpu", "thread-pool-cpu.json")(thread_pool)
+
+
+def plain_floor(data: dict) -> str:
+    """benchmarks/plain_floor.py: specrt's plain decoding against a minimal Python loop over the same graph."""
+    return _md(["bundle", "prompts × rounds", "same tokens", "specrt / minimal loop, speed (median of pairs)",
+                "quartiles", "ms per token, specrt", "ms per token, minimal loop"],
+               [[name, f"{b['prompts']} × {data['rounds']}", f"{b['same_tokens']} / {b['prompts']}",
+                 f"{b['specrt_over_minimal_speed']:.2f}×", f"{b['quartiles'][0]:.2f}-{b['quartiles'][1]:.2f}",
+                 f"{b['ms_per_token']['specrt']:.2f}", f"{b['ms_per_token']['minimal']:.2f}"]
+                for name, b in data["bundles"].items()])
+
+
+table("plain-floor-cpu", "plain-floor-cpu.json")(plain_floor)
