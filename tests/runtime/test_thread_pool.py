@@ -14,18 +14,21 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 
+def _env() -> dict[str, str]:
+    """This environment without the test run's SPECRT_THREAD_POOL (conftest.py): the CLI's own default."""
+    return {k: v for k, v in os.environ.items() if k != "SPECRT_THREAD_POOL"}
+
+
 def _python(code: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "SPECRT_THREAD_POOL"}
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=_env(),
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def _cli_tokens(*args: str) -> list[int]:
-    env = {k: v for k, v in os.environ.items() if k != "SPECRT_THREAD_POOL"}  # the CLI's own default
     res = subprocess.run([sys.executable, "-m", "specrt.cli", "run", "def fib(n):", "--max-new-tokens", "24",
-                          "--threads", "2", "--json", *args], capture_output=True, text=True, env=env, timeout=300)
+                          "--threads", "2", "--json", *args], capture_output=True, text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)["token_ids"]
 

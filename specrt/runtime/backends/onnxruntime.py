@@ -120,7 +120,7 @@ def share_threads(threads: int | None) -> int:
 
     With one pool the target's spinning workers also run the draft's or EAGLE head's passes between target
     passes, on every core, where a pool of its own would fight the target's for the cores or run on one
-    thread (SmolLM2-135M's head pass 2.6 → 1.5 ms on 2 cores). ORT allows one such pool per process, made
+    thread (SmolLM2-135M's head pass 2.2-2.4 → 1.4-1.7 ms on 2 cores). ORT allows one such pool per process, made
     once, and then refuses sessions with pools of their own, in specrt and in any other code of the process:
     hence a choice of the process's owner (the CLI makes it; an app passes ``shared_threads=True`` to
     :func:`specrt.load`). A later call keeps the first width."""
