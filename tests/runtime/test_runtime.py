@@ -231,6 +231,47 @@ def test_auto_gamma_weighs_gamma_with_the_verify_cost_curve():
     assert flat.update(step) == 4 and flat.c == pytest.approx(0.05)  # rows assumed free: c read off the 5-row pass
 
 
+def test_auto_gamma_pools_positions_so_long_chains_do_not_bias_alpha_low():
+    """Greedy drafts accepted with probability 0.6 each, a step's positions ending at its first rejection: the
+    mean of each step's betas says < 0.5 at the γ chosen here; pooling positions says ~0.6."""
+    from specrt.runtime.loop import AutoGamma
+    from specrt.runtime.stats import StepRecord
+
+    rng, auto, seen, step_means = np.random.default_rng(0), AutoGamma(), [], []
+    for i in range(600):
+        gamma, betas = auto.gamma, []
+        while len(betas) < gamma:
+            betas.append(float(rng.random() < 0.6))
+            if not betas[-1]:
+                break
+        accepted = int(sum(betas))
+        auto.update(StepRecord(gamma, accepted, betas, gamma, 0.001 * gamma, 0.020))
+        if i >= 100:
+            seen.append(auto.alpha)
+            step_means.append(np.mean(betas))
+    assert np.mean(seen) == pytest.approx(0.6, abs=0.05)  # a ratio of 6-step means: a little low
+    assert np.mean(step_means) < 0.5  # what averaging each step's betas made of it
+    from specrt import theory
+
+    assert auto.gamma <= theory.optimal_gamma(min(auto.alpha, 0.999), auto.c, 16)
+
+
+def test_auto_gamma_grows_one_draft_a_step_and_falls_at_once():
+    from specrt.runtime.loop import AutoGamma
+    from specrt.runtime.stats import StepRecord
+
+    auto = AutoGamma(verify_costs=(1.0, 1.05, 1.08, 1.12, 1.16, 1.2, 1.25, 1.3, 1.35))  # rows nearly free
+    chosen = []
+    for _ in range(6):  # every draft accepted: α̂ → 1, whose optimum is the longest chain
+        gamma = auto.gamma
+        chosen.append(auto.update(StepRecord(gamma, gamma, [1.0] * gamma, gamma, 0.0005 * gamma, 0.010)))
+    assert chosen == [2, 3, 4, 5, 6, 7]
+    falls = [auto.gamma]
+    while falls[-1] > 1:  # first drafts rejected, step after step: γ falls as far as α̂ says, not one by one
+        falls.append(auto.update(StepRecord(falls[-1], 0, [0.0], falls[-1], 0.0005 * falls[-1], 0.010)))
+    assert max(a - b for a, b in zip(falls, falls[1:])) >= 3
+
+
 def test_a_slow_spell_while_measuring_verify_costs_inflates_no_row_count():
     """A pass of r rows takes r ms, except four passes in a row that take 10× (the VM busy elsewhere). Each
     sweep times every row count once, so the spell spoils at most one timing per count and the fastest of
