@@ -120,8 +120,9 @@ class AutoGamma:
     mean of a step's betas is biased low for any γ > 1 (α 0.5 at γ 4: 0.32; the ratio: 0.47), which held γ
     below its optimum. γ at most doubles a step, to 2γ + 1 (it falls at once): a few accepted steps in a
     row push a 6-step α̂ near 1, where the optimum is the longest chain, and on a CPU whose rows are dear one
-    such step costs several plain ones (uncapped: γ 16 on 2 % of SmolLM2 int8's steps, 0.98× `none` against
-    1.01×); growing one draft a step instead cost the demo pair 5 % in its climbs (auto-gamma-cpu.md)."""
+    such step costs several plain ones (uncapped: γ 16 on 2 % of SmolLM2 int8's steps, 1.01× `none` against
+    1.03×); growing one draft a step instead slowed the demo pair's climbs (1.47× against 1.52×;
+    docs/performance/auto-gamma-cpu.md)."""
 
     def __init__(self, start: int | None = None, max_gamma: int = 16, weight: float = 0.3,
                  verify_costs: tuple[float, ...] | None = None) -> None:
