@@ -442,3 +442,24 @@ def plain_floor(data: dict) -> str:
 
 
 table("plain-floor-cpu", "plain-floor-cpu.json")(plain_floor)
+
+
+def auto_gamma(data: dict) -> str:
+    """benchmarks/auto_gamma.py: `--gamma auto` against fixed chains and its earlier α estimate, one process."""
+    rows = []
+    for name, b in data["bundles"].items():
+        for entry, e in b["entries"].items():
+            label = {"none": "none", "auto": "auto", "auto (step means)": "auto, α̂ from step means (before)"}.get(
+                entry, entry if entry.startswith("auto") else f"γ {entry}")
+            chosen = e.get("gamma_chosen")
+            total = sum(chosen.values()) if chosen else 0
+            mix = ", ".join(f"{g}: {100 * k / total:.0f} %" for g, k in chosen.items() if k / total >= 0.01) \
+                if chosen else ""
+            rows.append([f"{name} ({b['method']})", label, f"{e['tokens_per_s']:.0f}", _x(e["speedup"]),
+                         " ".join(f"{v:.2f}" for v in e["per_round"]), f"{e['tokens_per_pass']:.2f}", mix])
+    return _md(["bundle (method)", "γ", "tokens/s", "over none (median of rounds)", "each round",
+                "tokens / target pass", "γ chosen (share of steps, ≥ 1 %)"], rows)
+
+
+table("auto-gamma-cpu", "auto-gamma-cpu.json")(auto_gamma)
+table("auto-gamma-weights-cpu", "auto-gamma-weights-cpu.json")(auto_gamma)
