@@ -179,6 +179,7 @@ table("prefix-reuse-row-stable-cpu", "prefix-reuse-row-stable-cpu.json")(prefix_
 table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
+table("verify-cost-xeon-cpu", "verify-cost-xeon-cpu.json")(verify_cost)
 table("context-scaling-cpu", "context-scaling-cpu.json")(context_scaling)
 
 
