@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 import specrt
+from bench_prompts import encoded_prompts
 from specrt import theory
 from specrt.runtime import loop
 from specrt.runtime.stats import StepRecord
 
-ROOT = Path(__file__).resolve().parent
 GROWTH = {"one": "auto (grows one draft a step at most)", "free": "auto (no growth cap)"}
 CURRENT = loop.AutoGamma.update
 
@@ -51,10 +51,7 @@ def measure(bundle: str, method: str | None, gammas: list[int], weights: list[fl
             rounds: int, n: int, threads: int) -> dict:
     gen = specrt.load(bundle, threads=threads, shared_threads=True)
     method = method or gen.default_method
-    chat = gen.manifest.tokenizer.chat_template is not None
-    prompts = (json.loads((ROOT / "prompts" / "chat-heldout.json").read_text()) if chat
-               else json.loads((Path(specrt.__file__).parent / "data" / "prompts.json").read_text())["code"])
-    encoded = [gen.encode_chat([{"role": "user", "content": p}]) if chat else gen.encode(p) for p in prompts]
+    encoded, chat = encoded_prompts(gen)
     entries = ["none", *(str(g) for g in gammas), "auto", *(f"auto (weight {w:g})" for w in weights),
                *(GROWTH[g] for g in growth), "auto (step means)"]
     chosen: dict[str, collections.Counter] = {e: collections.Counter() for e in entries if e.startswith("auto")}
@@ -98,7 +95,7 @@ def measure(bundle: str, method: str | None, gammas: list[int], weights: list[fl
         for entry in entries[r % len(entries):] + entries[:r % len(entries)]:
             results[entry].append(run(entry))
     plain = [t / s for t, _, s in results["none"]]
-    out = {"method": method, "chat": chat, "prompts": len(prompts), "verify_costs": list(gen.verify_costs()),
+    out = {"method": method, "chat": chat, "prompts": len(encoded), "verify_costs": list(gen.verify_costs()),
            "entries": {}}
     for entry, rows in results.items():
         speed = [t / s / p for (t, _, s), p in zip(rows, plain)]
@@ -131,9 +128,10 @@ def main() -> None:
     data = {"threads": args.threads, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "bundles": {}}
     for spec in args.bundles:
         bundle, _, method = spec.partition("=")
-        name = "demo" if Path(bundle).resolve() == Path(specrt.__file__).parent / "demo" / "bundle" else Path(bundle).name
+        shipped = Path(bundle).resolve() == Path(specrt.__file__).parent / "demo" / "bundle"
+        name = "demo" if shipped else Path(bundle).name
         data["bundles"][name] = r = measure(bundle, method or None, gammas, weights, growth, args.rounds,
-                                                          args.max_new_tokens, args.threads)
+                                            args.max_new_tokens, args.threads)
         print(name, json.dumps({e: round(v["speedup"], 3) for e, v in r["entries"].items()}), flush=True)
         if args.json:  # after each bundle: a long run keeps what it measured
             Path(args.json).write_text(json.dumps(data, indent=1) + "\n")

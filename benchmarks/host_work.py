@@ -31,10 +31,10 @@ from typing import Callable
 import numpy as np
 
 import specrt
+from bench_prompts import bundle_prompts
 from specrt.bundle import contract as C
 from specrt.runtime.masks import speculation_mask
 
-ROOT = Path(__file__).resolve().parent
 SWEEP = np.ones(200_000_000 // 8)
 
 
@@ -115,10 +115,7 @@ def main() -> None:
     results = {}
     for bundle in args.bundles:
         gen = specrt.load(bundle, threads=args.threads)
-        chat = gen.manifest.tokenizer.chat_template is not None
-        path = args.prompts or (ROOT / "prompts" / "chat-heldout.json" if chat else None)
-        prompts = (json.loads(Path(path).read_text()) if path
-                   else json.loads((Path(specrt.__file__).parent / "data" / "prompts.json").read_text())["code"])
+        prompts, _ = bundle_prompts(gen, args.prompts)
         loop_figures(gen, prompts[:1], args.max_new_tokens)  # warm-up
         results[bundle] = {"graph": gen.manifest.target.graph, "dtype": gen.manifest.target.dtype,
                            "loop": loop_figures(gen, prompts, args.max_new_tokens),

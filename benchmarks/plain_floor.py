@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 
 import specrt
+from bench_prompts import encoded_prompts
 from specrt.bundle.manifest import load_manifest
 from specrt.runtime.backends.onnxruntime import session_options
-
-ROOT = Path(__file__).resolve().parent
 
 
 class MinimalLoop:
@@ -87,18 +86,15 @@ class MinimalLoop:
 def measure(bundle: str, rounds: int, n: int, threads: int) -> dict:
     gen = specrt.load(bundle, threads=threads, shared_threads=True)
     loop = MinimalLoop(bundle)
-    chat = gen.manifest.tokenizer.chat_template is not None
-    prompts = (json.loads((ROOT / "prompts" / "chat-heldout.json").read_text()) if chat
-               else json.loads((Path(specrt.__file__).parent / "data" / "prompts.json").read_text())["code"])
-    encoded = [gen.encode_chat([{"role": "user", "content": p}]) if chat else gen.encode(p) for p in prompts]
+    encoded, chat = encoded_prompts(gen)
 
     def runtime(i: int) -> list[int]:
         return list(gen.stream_ids(encoded[i], max_new_tokens=n, method="none").result.token_ids)
 
-    same = sum(runtime(i) == loop.generate(encoded[i], n) for i in range(len(prompts)))
+    same = sum(runtime(i) == loop.generate(encoded[i], n) for i in range(len(encoded)))
     ratios, ms = [], {"specrt": [], "minimal": []}
     for r in range(rounds):
-        for i in range(len(prompts)):
+        for i in range(len(encoded)):
             pair = {}
             for side in (("specrt", "minimal") if (r + i) % 2 == 0 else ("minimal", "specrt")):
                 t0 = time.perf_counter()
@@ -106,7 +102,7 @@ def measure(bundle: str, rounds: int, n: int, threads: int) -> dict:
                 pair[side] = (time.perf_counter() - t0) * 1000 / max(tokens, 1)
                 ms[side].append(pair[side])
             ratios.append(pair["minimal"] / pair["specrt"])
-    return {"graph": gen.manifest.target.graph, "prompts": len(prompts), "chat": chat, "same_tokens": same,
+    return {"graph": gen.manifest.target.graph, "prompts": len(encoded), "chat": chat, "same_tokens": same,
             "pairs": len(ratios), "specrt_over_minimal_speed": statistics.median(ratios),
             "quartiles": [float(np.quantile(ratios, 0.25)), float(np.quantile(ratios, 0.75))],
             "ms_per_token": {k: statistics.median(v) for k, v in ms.items()}}
