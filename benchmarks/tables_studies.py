@@ -450,8 +450,8 @@ def auto_gamma(data: dict) -> str:
     rows = []
     for name, b in data["bundles"].items():
         for entry, e in b["entries"].items():
-            label = {"none": "none", "auto": "auto", "auto (step means)": "auto, α̂ from step means (before)"}.get(
-                entry, entry if entry.startswith("auto") else f"γ {entry}")
+            label = ("auto, α̂ from step means (before)" if entry == "auto (step means)"
+                     else f"γ {entry}" if entry.isdigit() else entry)
             chosen = e.get("gamma_chosen")
             total = sum(chosen.values()) if chosen else 0
             mix = ", ".join(f"{g}: {100 * k / total:.0f} %" for g, k in chosen.items() if k / total >= 0.01) \

@@ -98,8 +98,8 @@ threads_option = combine(
                  envvar="SPECRT_THREAD_POOL",
                  help="ONNX Runtime on CPU. shared: one pool for all of the bundle's models, so the draft's or EAGLE "
                       "head's passes run on the target's spinning workers (SmolLM2-135M fp32, eagle-tree: 1.33x -> "
-                      "1.50x none on 2 cores; int8 unchanged); per-model: a pool per session, the draft or head on one thread (what "
-                      "specrt.load gives an app unless it passes shared_threads=True)."))
+                      "1.50x none on 2 cores; int8 unchanged); per-model: a pool per session, the draft or head on "
+                      "one thread (what specrt.load gives an app unless it passes shared_threads=True)."))
 low_memory_option = click.option(
     "--low-memory", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
     callback=lambda c, p, v: {"auto": None, "on": True, "off": False}[v],
