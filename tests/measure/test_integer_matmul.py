@@ -45,3 +45,30 @@ def test_the_rewrite_is_exact_per_row_and_shares_the_quantized_input():
     for rows in (1, 3):  # the same row, bit for bit, whatever else the pass holds
         np.testing.assert_array_equal(sess.run(None, {"x": x[:, :rows]})[0], y1[:, :rows])
     assert np.abs(y2 - x @ w2).max() < 0.05 * np.abs(x @ w2).max()  # int8 rounding, not garbage
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weights_and_cuts_the_error():
+    im = _load()
+    rng = np.random.default_rng(1)
+    k, n = 64, 48
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
+    x = rng.standard_normal((1, 8, k)).astype(np.float32)
+    x[..., 5] *= 60  # one outlier channel sets every row's scale: the other channels get a few int8 steps
+
+    def rewritten(smooth):
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="a")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "s", n])],
+                              [numpy_helper.from_array(w, "w")])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        im.rewrite_matmuls(model, limit=127, smooth=smooth)
+        return ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+
+    s = im.smoothing_factors({"x": np.abs(x).max(axis=(0, 1))}, {"x": [w]}, 0.5)["x"]
+    np.testing.assert_allclose(s, np.sqrt(np.abs(x).max(axis=(0, 1)) / np.abs(w).max(axis=1)), rtol=1e-5)
+    exact = x @ w
+    plain, smoothed = rewritten(None), rewritten({"x": s})
+    q, scale = im.quantize_columns(w * s[:, None], 127)
+    np.testing.assert_allclose(smoothed, im.reference_matmul(x / s, q, scale), rtol=1e-5, atol=1e-5)
+    err = lambda y: np.linalg.norm(y - exact) / np.linalg.norm(exact)  # noqa: E731
+    assert err(smoothed) < 0.5 * err(plain)
