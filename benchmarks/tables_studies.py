@@ -180,6 +180,26 @@ table("verify-cost-cpu", "verify-cost-cpu.json")(verify_cost)
 table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
 table("verify-cost-xeon-cpu", "verify-cost-xeon-cpu.json")(verify_cost)
+table("verify-cost-integer-xeon-cpu", "verify-cost-integer-xeon-cpu.json")(verify_cost)
+
+
+@table("integer-matmul-xeon-cpu", "integer-matmul-xeon-cpu.json")
+def integer_quality(data: dict) -> str:
+    """benchmarks/integer_matmul.py runs: each integer graph's distance from the float one (specrt's int8 gate:
+    mean KL <= 0.01, decisive top-1 >= 0.95) on the shipped and the held-out chat prompts, and its pass times."""
+    def quality(r: dict) -> list[str]:
+        return [_f(r["parity"]["mean_kl"], ".4f"), _f(r["parity"]["top1_agreement"], ".3f"),
+                _f(r["parity_chat"]["mean_kl"], ".4f"), _f(r["parity_chat"]["top1_agreement"], ".3f")]
+
+    rows = []
+    if "reference" in data:
+        ref = data["reference"]
+        rows.append([f"{ref['format']}, blocks of {ref['block_size']} (`specrt quantize --bits int8`)",
+                     *quality(ref), "–", "–"])
+    for r in data["runs"]:
+        rows.append([r["rewrite"]["format"], *quality(r), f"{r['ms']['1']:.2f} ms", _x(r["fit"]["ratio"]["5"])])
+    return _md(["int8 graph", "mean KL, shipped prompts", "top-1", "mean KL, chat prompts", "top-1",
+                "1 row (its own run)", "5 rows vs 1"], rows)
 table("context-scaling-cpu", "context-scaling-cpu.json")(context_scaling)
 
 
