@@ -16,13 +16,15 @@ from typing import ClassVar
 
 import numpy as np
 
+from .. import theory
 from ..bundle import contract as C
 from .cached import CachedModel
 from .dist import Dist
 from .proposal import DrafterContext, Proposal
 from .rows import LogitRows
 from .sampling import SamplingConfig
-from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TokenTree, nodes_worth_verifying, select_nodes
+from .tree import (DEFAULT_EAGLE_TREE, DynamicTree, TokenTree, deeper_level_pays, nodes_worth_verifying,
+                   select_nodes)
 
 
 def to_target(q: Dist, vocab_map: np.ndarray, vocab: int) -> Dist:
@@ -104,26 +106,48 @@ def expansion_mask(frontier: list[int], parents: list[int], fed: dict[int, int],
 class EagleTreeDrafter(EagleDrafter):
     """EAGLE-2's dynamic tree from the same head (:class:`DynamicTree`): one head pass per level over the
     level's ``topk`` best nodes, then the ``nodes`` best candidates overall go to the target's one pass.
+    A tree sized by cost also grows only the levels that pay for their head pass (:func:`deeper_level_pays`),
+    weighing the head's pass by what it cost against the target's last passes (:attr:`pass_cost`).
 
     The children are the head's top-k, chosen without looking at the target, so verification treats each
     as a point-mass proposal and stays exact under sampling; greedy output equals plain decoding."""
 
     proposes_trees: ClassVar[bool] = True
+    COST_WEIGHT = 0.3  # the pass cost's moving average, per step (as --gamma auto's)
 
     def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,
                  shape: DynamicTree = DEFAULT_EAGLE_TREE, verify_costs: tuple[float, ...] | None = None) -> None:
         super().__init__(head, target, vocab_map, vocab)
         self.shape, self.verify_costs = shape, verify_costs
+        # A head pass in one-row target passes (engine times); None until a step has been timed.
+        self.pass_cost: float | None = None
+        self._last: tuple[float, int, int, float] | None = None  # head s a pass, rows, target passes, target s
 
     @classmethod
     def build(cls, ctx: DrafterContext) -> "EagleTreeDrafter":
         return cls(ctx.eagle, ctx.target, ctx.vocab_map, ctx.vocab, ctx.eagle_tree, ctx.verify_costs)
+
+    def _observe_cost(self) -> None:
+        """Update :attr:`pass_cost` from the last proposal's head passes and the one target pass since (the
+        verify pass of its tree, whose rows the backend's curve turns into one row's time)."""
+        if self._last is None:
+            return
+        head_pass, rows, passes, target_s = self._last
+        if self.target.passes != passes + 1:  # a prefill or another caller's pass came between: no reading
+            return
+        one_row = (self.target.forward_s - target_s) / theory.verify_cost_at(self.verify_costs, rows)
+        if one_row > 0:
+            cost = head_pass / one_row
+            self.pass_cost = cost if self.pass_cost is None else (
+                (1 - self.COST_WEIGHT) * self.pass_cost + self.COST_WEIGHT * cost)
 
     def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
                      hidden: np.ndarray | None = None) -> TokenTree:
         topk, depth = self.shape.topk, min(self.shape.depth, max_depth)
         if depth == 0:
             return TokenTree([], [])
+        self._observe_cost()
+        head_s = self.head.forward_s
         rows = self._catch_up(tokens, sampling)
         head, context = self.head, self.head.cache.length
         # Candidates in level order; fed: the expanded ones, in the order they entered the head's cache.
@@ -132,28 +156,36 @@ class EagleTreeDrafter(EagleDrafter):
         scores: list[float] = []
         features = {-1: head.hidden[-1:]}  # node -> the head's output of the row its children came from
         frontier, row_of, fed = [-1], {-1: len(rows) - 1}, {}
+        passes, pass_cost = 1, self.pass_cost or 0.0
         for level in range(depth):
-            level_start = len(nodes)
+            level_start, lead = len(nodes), None
             for parent in frontier:
                 ids, logp = rows.top_logprobs(row_of[parent], topk)
                 base = scores[parent] if parent >= 0 else 0.0
                 nodes += self.vocab_map[ids].tolist()
                 parents += [parent] * len(ids)
                 scores += (base + logp).tolist()
+                lead = logp if lead is None else lead  # the best parent's children: how the next level may look
             if level + 1 == depth:
                 break
             frontier = sorted(range(level_start, len(nodes)), key=lambda i: (-scores[i], i))[:topk]
+            if self.shape.by_cost and not deeper_level_pays(scores, [scores[i] for i in frontier], lead,
+                                                            self.verify_costs, self.shape.nodes, pass_cost, passes):
+                break
             mask = expansion_mask(frontier, parents, fed, context, head.cache.length)
             rows = head.run([nodes[i] for i in frontier], np.full(len(frontier), context + level, np.int64),
                             mask, sampling, last=len(frontier), extra={
                                 C.EAGLE_TAPS: np.zeros((len(frontier), self._no_taps.shape[1]), np.float32),
                                 C.EAGLE_FEATURES: np.concatenate([features[parents[i]] for i in frontier])})
+            passes += 1
             row_of = {node: r for r, node in enumerate(frontier)}
             features.update((node, head.hidden[r:r + 1]) for r, node in enumerate(frontier))
         n = self.shape.nodes
         if self.shape.by_cost:
-            n = nodes_worth_verifying(scores, self.verify_costs, n)
+            n = nodes_worth_verifying(scores, self.verify_costs, n, passes * pass_cost)
         keep = select_nodes(parents, scores, n)
         index = {old: new for new, old in enumerate(keep)}
-        return TokenTree([nodes[i] for i in keep], [index.get(parents[i], -1) for i in keep], passes=depth,
+        self._last = ((self.head.forward_s - head_s) / passes, len(keep) + 1, self.target.passes,
+                      self.target.forward_s)
+        return TokenTree([nodes[i] for i in keep], [index.get(parents[i], -1) for i in keep], passes=passes,
                          points=True)

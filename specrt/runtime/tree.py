@@ -91,21 +91,46 @@ class DynamicTree:
 DEFAULT_EAGLE_TREE = DynamicTree.parse("3,3,auto")
 
 
-def nodes_worth_verifying(scores: Sequence[float], verify_costs: Sequence[float] | None, most: int) -> int:
+def _best_nodes(scores: Sequence[float], verify_costs: Sequence[float] | None, most: int,
+                drafting: float) -> tuple[int, float]:
+    """(n, its value): the n ≤ ``most`` best candidates maximising (1 + Σ_{i<n} exp(score_i)) / (v(n + 1) +
+    ``drafting``), a step's expected tokens per cost in one-row target passes."""
+    best_n, best, expected = 0, 1.0 / (1.0 + drafting), 1.0
+    for n, score in enumerate(sorted(scores, reverse=True)[:most], 1):
+        expected += float(np.exp(score))
+        value = expected / (theory.verify_cost_at(verify_costs, n + 1) + drafting)
+        if value > best:
+            best_n, best = n, value
+    return best_n, best
+
+
+def nodes_worth_verifying(scores: Sequence[float], verify_costs: Sequence[float] | None, most: int,
+                          drafting: float = 0.0) -> int:
     """How many of a tree's best candidates one target pass should verify: the n ≤ ``most`` that maximises
-    the pass's expected tokens per cost, (1 + Σ_{i<n} exp(score_i)) / v(n + 1).
+    the step's expected tokens per cost, (1 + Σ_{i<n} exp(score_i)) / (v(n + 1) + ``drafting``).
 
     ``scores``: the candidates' cumulative log-probabilities under the drafter (exp(score) is its chance that
     the target takes that node's whole path); ``verify_costs``: v(r), an r-row pass against one row
-    (theory.verify_cost_at; None: every row free, so all ``most``). The choice reads the drafter only, never
-    the target, so the kept nodes stay point-mass proposals and verification stays exact."""
-    best_n, best, expected = 0, 1.0, 1.0
-    for n, score in enumerate(sorted(scores, reverse=True)[:most], 1):
-        expected += float(np.exp(score))
-        value = expected / theory.verify_cost_at(verify_costs, n + 1)
-        if value > best:
-            best_n, best = n, value
-    return best_n
+    (theory.verify_cost_at; None: every row free, so all ``most``); ``drafting``: what the step's drafting
+    cost, in one-row target passes (it is spent whatever n is, so it makes more nodes worth their rows).
+    The choice reads the drafter only, never the target, so the kept nodes stay point-mass proposals and
+    verification stays exact."""
+    return _best_nodes(scores, verify_costs, most, drafting)[0]
+
+
+def deeper_level_pays(scores: Sequence[float], frontier_scores: Sequence[float], child_logprobs: Sequence[float],
+                      verify_costs: Sequence[float] | None, most: int, pass_cost: float, passes: int) -> bool:
+    """Whether a dynamic tree should run the drafter once more to grow another level below its frontier.
+
+    The new level is predicted to look like the last one: each frontier node gets children whose conditional
+    log-probabilities are ``child_logprobs`` (those of the last level's best parent). It pays when the best
+    verified subset of the grown tree is expected to keep more tokens per cost, a drafter pass costing
+    ``pass_cost`` one-row target passes, than the best of the tree as it is after ``passes`` passes. Where
+    verifying rows is dear (int8 on a small CPU) a tree stops after its first level; where rows are cheap
+    and the drafter confident, it grows. Reads the drafter only: verification stays exact."""
+    now = _best_nodes(scores, verify_costs, most, passes * pass_cost)[1]
+    grown = [*scores, *(f + c for f in frontier_scores for c in child_logprobs)]
+    return _best_nodes(grown, verify_costs, most, (passes + 1) * pass_cost)[1] > now
 
 
 def select_nodes(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:

@@ -211,6 +211,59 @@ def test_dynamic_tree_expands_the_best_nodes_with_their_parents_rows():
     assert head.cache.length == 4  # only the rows that read the target's taps survive
 
 
+def test_a_tree_grows_a_level_only_where_its_head_pass_pays():
+    from specrt.runtime.tree import deeper_level_pays
+
+    level = np.log([0.5, 0.12, 0.06])  # the root's children, the head about as sure as SmolLM2's
+    fp32 = (1.0, 1.06, 1.11, 1.18, 1.22, 1.27, 1.35, 1.42, 1.44)  # measured v(r) on a 2-core CPU
+    int8 = (1.0, 1.26, 1.41, 1.54, 1.69, 1.85, 2.01, 2.17, 2.34)
+    # fp32: rows cheap, a head pass 0.05 of a target pass: grandchildren (0.25) pay for a row and the pass
+    assert deeper_level_pays(level, level, level, fp32, 21, 0.05, 1)
+    # int8: each row ~0.15 of a pass and the head's pass as dear: one level (a chain of one) is the best buy
+    assert not deeper_level_pays(level, level, level, int8, 21, 0.15, 1)
+    # rows free and passes free (a GPU, before anything was timed): grow
+    assert deeper_level_pays(level, level, level, None, 21, 0.0, 1)
+    # a head unsure of its next level does not pay even where rows are cheap
+    assert not deeper_level_pays(level, level, np.log([0.05, 0.02, 0.01]), fp32, 21, 0.05, 1)
+
+
+def test_a_tree_sized_by_cost_stops_growing_where_the_head_pass_does_not_pay():
+    from specrt.runtime.eagle import EagleTreeDrafter
+    from specrt.runtime.tree import DynamicTree
+
+    greedy, prompt = SamplingConfig(), [5, 6, 7, 8]
+    grown = {}
+    for name, costs, pass_cost in (("cheap", (1.0,) * 9, 0.0), ("dear", tuple(1.0 + r for r in range(9)), 2.0)):
+        target = CachedModel(_Recorder("decoder", VOCAB), 64, VOCAB)
+        head = CachedModel(_Recorder("eagle3", DRAFT_VOCAB), 64, DRAFT_VOCAB)
+        drafter = EagleTreeDrafter(head, target, VOCAB_MAP, VOCAB, DynamicTree.parse("2,3,auto"), costs)
+        drafter.pass_cost = pass_cost
+        target.feed(prompt, greedy, last=1)
+        tree = drafter.propose_tree(prompt + [9], 8, greedy, np.random.default_rng(0))
+        grown[name] = (tree.passes, len(head.decoder.calls))
+    assert grown["cheap"] == (3, 3)  # the catch-up and two levels
+    assert grown["dear"] == (1, 1)  # the catch-up's top-k only: no head pass that cannot pay
+
+
+def test_the_tree_drafter_times_its_head_pass_against_the_verify_pass_that_followed():
+    from specrt.runtime.eagle import EagleTreeDrafter
+
+    target = CachedModel(_Recorder("decoder", VOCAB), 64, VOCAB)
+    head = CachedModel(_Recorder("eagle3", DRAFT_VOCAB), 64, DRAFT_VOCAB)
+    costs = (1.0, 1.2, 1.5, 2.0)
+    drafter = EagleTreeDrafter(head, target, VOCAB_MAP, VOCAB, verify_costs=costs)
+    # the last proposal: 2 ms a head pass, a 3-row tree (v = 1.5); then its verify pass took 30 ms
+    drafter._last = (0.002, 3, target.passes, target.forward_s)
+    target.passes, target.forward_s = target.passes + 1, target.forward_s + 0.030
+    drafter._observe_cost()
+    assert drafter.pass_cost == pytest.approx(0.002 / (0.030 / 1.5))  # 0.1 of a one-row pass
+    # a prefill (or anything else) between the proposal and the next: not a reading of the verify pass
+    drafter._last = (0.010, 3, target.passes, target.forward_s)
+    target.passes, target.forward_s = target.passes + 2, target.forward_s + 0.5
+    drafter._observe_cost()
+    assert drafter.pass_cost == pytest.approx(0.1)
+
+
 def test_select_nodes_keeps_the_best_connected_subtree():
     from specrt.runtime.tree import select_nodes
 
