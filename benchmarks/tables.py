@@ -153,6 +153,8 @@ table("smollm2-eagle3-r4-t07-cpu", "smollm2-eagle3-r4-t07-cpu.json")(bench_table
 table("smollm2-eagle3-auto-gamma-cpu", "smollm2-eagle3-auto-gamma-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-int8-cpu", "smollm2-eagle3-auto-gamma-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-auto-gamma-t07-cpu", "smollm2-eagle3-auto-gamma-t07-cpu.json")(bench_table)
+table("smollm2-eagle-tree-t07-fp32-cpu", "smollm2-eagle-tree-t07-fp32-cpu.json")(bench_table)
+table("smollm2-eagle-tree-t07-int8-cpu", "smollm2-eagle-tree-t07-int8-cpu.json")(bench_table)
 
 
 def main(argv: list[str]) -> int:

@@ -185,6 +185,25 @@ table("verify-cost-xeon-cpu", "verify-cost-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-xeon-cpu", "verify-cost-integer-xeon-cpu.json")(verify_cost)
 
 
+@table("eagle-tree-depth-cpu", "eagle-tree-depth-cpu.json")
+def eagle_tree_depth(data: dict) -> str:
+    """`specrt bench` processes of two checkouts, alternating: per bundle and method, medians of the runs."""
+    before, after = data["commits"]["before"], data["commits"]["after"]
+    rows = []
+    for bundle, sides in data["bundles"].items():
+        for method in sides["before"][0]:
+            if method == "none":
+                continue
+            med = {side: {f: statistics.median(r[method][f] for r in runs) for f in
+                          ("speedup_vs_none", "tokens_per_target_pass", "draft_passes_per_token")}
+                   for side, runs in sides.items()}
+            rows.append([bundle, method, *(_x(med[s]["speedup_vs_none"]) for s in ("before", "after")),
+                         *(f"{med[s]['tokens_per_target_pass']:.2f}" for s in ("before", "after")),
+                         *(f"{med[s]['draft_passes_per_token']:.2f}" for s in ("before", "after"))])
+    return _md(["bundle", "method", f"vs none, {before}", f"vs none, {after}", f"tokens / pass, {before}",
+                f"tokens / pass, {after}", f"head passes / token, {before}", f"head passes / token, {after}"], rows)
+
+
 @table("integer-matmul-xeon-cpu", "integer-matmul-xeon-cpu.json")
 def integer_quality(data: dict) -> str:
     """benchmarks/integer_matmul.py runs: each integer graph's distance from the float one (specrt's int8 gate:
