@@ -83,7 +83,8 @@ tree_option = combine(
                  help="The eagle-tree method's dynamic tree (EAGLE-2): the TOPK best nodes of each level get their "
                       "TOPK likeliest children, DEPTH levels deep; the NODES best in all are verified. NODES auto: "
                       "each pass verifies as many as pay for their rows on this backend (its pass cost per row "
-                      "count, measured once): few on a CPU, all on a GPU."))
+                      "count, measured once), and a level is grown only where its head pass pays: few nodes "
+                      "and levels on a CPU, all on a GPU."))
 sampling_options = combine(
     click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
     click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
@@ -112,7 +113,7 @@ force_option = click.option("--force", is_flag=True, help="Replace a non-empty o
 def method_option(lead: str = "") -> Callable:
     return click.option(
         "--method", type=click.Choice(METHODS), default="auto", show_default=True,
-        help=lead + "auto: the best the bundle holds (eagle, else draft, else ngram); eagle: a chain from the "
+        help=lead + "auto: the best the bundle holds (eagle-tree, else draft, else ngram); eagle: a chain from the "
                     "bundle's EAGLE-3 head; eagle-tree: a dynamic tree from that head (EAGLE-2, --eagle-tree); draft: a chain from the draft model; tree: a token tree from the draft model, verified in one pass (SpecInfer); "
                     "medusa: the bundle's Medusa heads; ngram: prompt lookup, no model; none: plain decoding.")
 

@@ -59,4 +59,4 @@ def test_shared_options_are_written_once():
     for name in ("run", "serve"):
         (method,) = [p for p in main.commands[name].params if p.name == "method"]
         assert method.default == "auto" and "auto" in method.type.choices
-        assert "the best the bundle holds (eagle, else draft, else ngram)" in method.help
+        assert "the best the bundle holds (eagle-tree, else draft, else ngram)" in method.help

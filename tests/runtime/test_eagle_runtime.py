@@ -135,9 +135,9 @@ def eagle_gen(eagle_bundle):
     return specrt.load(eagle_bundle, threads=1)
 
 
-def test_auto_is_eagle_where_the_bundle_has_a_head(eagle_gen):
-    assert eagle_gen.default_method == "eagle"
-    assert eagle_gen.generate("def f(x):", max_new_tokens=6).stats.method == "eagle"
+def test_auto_is_the_eagle_tree_where_the_bundle_has_a_head(eagle_gen):
+    assert eagle_gen.default_method == "eagle-tree"
+    assert eagle_gen.generate("def f(x):", max_new_tokens=6).stats.method == "eagle-tree"
 
 
 @pytest.mark.parametrize("options", [dict(method="eagle", gamma=1), dict(method="eagle", gamma=3),
