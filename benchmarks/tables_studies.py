@@ -305,6 +305,9 @@ def llama_int4(data: dict) -> str:
                  f"{s['ortgenai_int4_tokens_per_second']:.1f}", "–"]])
 
 
+table("llama-1b-int4-xeon-cpu", "llama-1b-int4-xeon-cpu.json")(llama_int4)
+
+
 # ---- real vocabularies -------------------------------------------------------------------------------------
 
 @table("real-vocab-cpu-step", "real-vocab-cpu.json")
