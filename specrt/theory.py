@@ -42,6 +42,20 @@ def verify_cost_at(costs: Sequence[float] | None, rows: int) -> float:
     return float(costs[-1] + max(slope, 0.0) * (rows - len(costs)))
 
 
+def draft_cost(draft_pass_s: float, verify_pass_s: float, verify_rows: int,
+               verify_costs: Sequence[float] | None = None) -> float:
+    """c measured: one draft pass's time over one row's share of a verify pass of ``verify_rows`` rows that took
+    ``verify_pass_s`` (its time over v(verify_rows): the one-row pass it stands for)."""
+    if verify_pass_s <= 0:
+        raise ValueError(f"verify_pass_s must be > 0, got {verify_pass_s}")
+    return draft_pass_s / (verify_pass_s / verify_cost_at(verify_costs, verify_rows))
+
+
+def moving_average(old: float | None, new: float, weight: float) -> float:
+    """An exponential moving average's next value: ``new`` at first (``old`` None), then weighted by ``weight``."""
+    return new if old is None else (1 - weight) * old + weight * new
+
+
 def speedup(alpha: float, gamma: int, c: float, verify_costs: Sequence[float] | None = None) -> float:
     """Expected wall-time improvement over plain decoding: expected_tokens / (gamma * c + v(gamma + 1)),
     with v = 1 unless a measured curve ``verify_costs`` (:func:`verify_cost_at`) is given."""

@@ -135,11 +135,10 @@ class EagleTreeDrafter(EagleDrafter):
         head_pass, rows, passes, target_s = self._last
         if self.target.passes != passes + 1:  # a prefill or another caller's pass came between: no reading
             return
-        one_row = (self.target.forward_s - target_s) / theory.verify_cost_at(self.verify_costs, rows)
-        if one_row > 0:
-            cost = head_pass / one_row
-            self.pass_cost = cost if self.pass_cost is None else (
-                (1 - self.COST_WEIGHT) * self.pass_cost + self.COST_WEIGHT * cost)
+        verify_s = self.target.forward_s - target_s
+        if verify_s > 0:
+            cost = theory.draft_cost(head_pass, verify_s, rows, self.verify_costs)
+            self.pass_cost = theory.moving_average(self.pass_cost, cost, self.COST_WEIGHT)
 
     def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
                      hidden: np.ndarray | None = None) -> TokenTree:

@@ -135,7 +135,7 @@ class AutoGamma:
         self._positions: float | None = None
 
     def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.weight) * old + self.weight * new
+        return theory.moving_average(old, new, self.weight)
 
     def update(self, step: StepRecord) -> int:
         if step.betas:  # Σβ and positions averaged apart: a ratio of means, not a mean of ratios
@@ -144,9 +144,9 @@ class AutoGamma:
             self.alpha = self._beta_sum / self._positions
         if step.verify_s > 0:
             t_draft_pass = step.draft_s / step.draft_passes if step.draft_passes else 0.0
-            # the verify pass had proposed + 1 rows: its time over v(rows) is one row's
-            one_row = step.verify_s / theory.verify_cost_at(self.verify_costs, step.proposed + 1)
-            self.c = self._ema(self.c, t_draft_pass / one_row)
+            # the verify pass had proposed + 1 rows
+            self.c = self._ema(self.c, theory.draft_cost(t_draft_pass, step.verify_s, step.proposed + 1,
+                                                         self.verify_costs))
         if self.alpha is not None:
             best = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs)
             self.gamma = min(best, 2 * self.gamma + 1)

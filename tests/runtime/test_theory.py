@@ -115,3 +115,16 @@ def test_verify_costs_from_times_is_relative_and_never_falls():
     assert theory.verify_costs_from_times([0.010, 0.012, 0.011, 0.015]) == pytest.approx((1.0, 1.2, 1.2, 1.5))
     with pytest.raises(ValueError):
         theory.verify_costs_from_times([])
+
+
+def test_draft_cost_is_a_draft_pass_over_one_rows_share_of_the_verify_pass():
+    # a 3-row verify pass of 30 ms where 3 rows cost 1.5 one-row passes: one row is 20 ms, a 2 ms draft pass 0.1
+    assert theory.draft_cost(0.002, 0.030, 3, (1.0, 1.2, 1.5)) == pytest.approx(0.1)
+    assert theory.draft_cost(0.002, 0.020, 5) == pytest.approx(0.1)  # no curve: every row free, v = 1
+    with pytest.raises(ValueError):
+        theory.draft_cost(0.002, 0.0, 3)
+
+
+def test_moving_average_starts_at_the_first_value_then_weighs_each_new_one():
+    assert theory.moving_average(None, 4.0, 0.3) == 4.0
+    assert theory.moving_average(4.0, 1.0, 0.3) == pytest.approx(0.7 * 4.0 + 0.3 * 1.0)
