@@ -271,7 +271,6 @@ def write_integer_bundle(src: Path, out: Path, limit: int = WEIGHT_MAX, smooth: 
 
 
 SEEDS = Path(__file__).resolve().parent / "prompts" / "eagle-seeds-r4.json"  # calibration: the head's seeds
-HELD_OUT = Path(__file__).resolve().parent / "prompts" / "chat-heldout.json"
 
 
 def chat_prompts(bundle: Path, path: Path, count: int | None = None) -> list[str]:
@@ -295,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # verify_cost.py, beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # verify_cost.py and bench_prompts.py, beside this file
+    from bench_prompts import HELDOUT
     from verify_cost import fit, time_rows
 
     from specrt.bundle.manifest import load_manifest
@@ -319,9 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load_manifest(args.bundle)
     done = write_integer_bundle(args.bundle, out, 127 if args.weight_bits == 8 else WEIGHT_MAX, args.smooth,
                                 args.keep_down, chat_prompts(args.bundle, SEEDS, 64))
-    # quality on the shipped prompts (the gate's) and on the held-out chat prompts the benches decode
-    parity = distribution_parity(args.bundle, out, manifest, "target", prompts("all"))
-    chat = distribution_parity(args.bundle, out, manifest, "target", chat_prompts(args.bundle, HELD_OUT))
+    def quality(bundle: Path) -> tuple[dict, dict]:
+        """Against the float graph, on the shipped prompts (the gate's) and on the held-out chat prompts the
+        benches decode."""
+        return (distribution_parity(args.bundle, bundle, manifest, "target", prompts("all")),
+                distribution_parity(args.bundle, bundle, manifest, "target", chat_prompts(args.bundle, HELDOUT)))
+
+    parity, chat = quality(out)
     row = time_rows(out, args.threads, 128, args.repeats)
     row["fit"], row["parity"], row["parity_chat"], row["rewrite"] = fit(row), parity, chat, done
     print(f"{out} ({done['format']}): mean KL {parity['mean_kl']:.4f}, top-1 {parity['top1_agreement']:.3f}; "
@@ -336,11 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         data["runs"].append(row)
         if args.reference:
             ref = load_manifest(args.reference).target.quantization or {}
+            ref_parity, ref_chat = quality(args.reference)
             data["reference"] = {"bundle": str(args.reference), "format": ref.get("format"),
-                                 "block_size": ref.get("block_size"), "parity": distribution_parity(
-                                     args.bundle, args.reference, manifest, "target", prompts("all")),
-                                 "parity_chat": distribution_parity(args.bundle, args.reference, manifest, "target",
-                                                                    chat_prompts(args.bundle, HELD_OUT))}
+                                 "block_size": ref.get("block_size"), "parity": ref_parity, "parity_chat": ref_chat}
         args.json.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.json} ({len(data['runs'])} runs)")
     return 0
