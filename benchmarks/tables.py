@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # generated_blocks.py,
 from generated_blocks import FIX, ROOT, TABLES, blocks, check, render, table, write  # noqa: E402,F401
 from table_format import DTYPE, _f, _md, _pct, _x, _yes  # noqa: E402
 import tables_studies  # noqa: E402,F401  (registers the studies' tables)
+import tables_scale  # noqa: E402,F401  (registers the scale studies' tables)
 
 
 # ---- `specrt bench --json` files (demo-cpu, demo-int4-cpu) -------------------------------------------------
