@@ -1,4 +1,5 @@
-"""Cell formatting shared by the table modules (tables.py, tables_studies.py): a missing value is "–"."""
+"""Cell formatting shared by the table modules (tables.py, tables_studies.py, tables_scale.py): a missing
+value is "–"."""
 
 from __future__ import annotations
 
