@@ -178,7 +178,7 @@ def channel_ranges(model, names: list[str], bundle: Path, prompts: list[str]) ->
 
     from specrt.bundle import contract as C
     from specrt.bundle.manifest import load_manifest
-    from specrt.export.quantize import _prompt_ids
+    from specrt.export.quality import prompt_ids
     from specrt.runtime.masks import causal_mask
 
     manifest = load_manifest(bundle)
@@ -193,7 +193,7 @@ def channel_ranges(model, names: list[str], bundle: Path, prompts: list[str]) ->
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         wanted = [o.name for o in session.get_outputs()][-len(names):]
         inputs = {i.name for i in session.get_inputs()}
-        for ids in _prompt_ids(bundle, manifest, prompts, 1):
+        for ids in prompt_ids(bundle, manifest, prompts, 1):
             n = len(ids)
             room = n if manifest.target.graph == C.GQA_GRAPH else 0  # a gqa graph's cache holds the new rows too
             feeds = {C.INPUT_IDS: ids[None], C.POSITION_IDS: np.arange(n)[None], C.ATTENTION_MASK: causal_mask(n, 0).copy(),
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrt.bundle.manifest import load_manifest
     from specrt.data import prompts
-    from specrt.export.quantize import distribution_parity
+    from specrt.export.quality import distribution_parity
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path, help="a float (fp32) bundle")

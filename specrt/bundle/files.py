@@ -24,8 +24,8 @@ class ModelCost:
 
     weight_bytes: every initializer at its stored precision, except tables that are only gathered from
     (an untied embedding: a pass reads one row per token, not the table).
-    matmul_flops_per_token: 2·K·N per MatMul / Gemm with a constant weight and per MatMulNBits (its K
-    and N attributes), LM head included; attention's context-dependent FLOPs are not in it (see
+    matmul_flops_per_token: 2·K·N per MatMul / Gemm / MatMulInteger(ToFloat) with a constant weight and per
+    MatMulNBits (its K and N attributes), LM head included; attention's context-dependent FLOPs are not in it (see
     :func:`attention_flops_per_token`)."""
 
     weight_bytes: int
@@ -42,6 +42,10 @@ class ModelCost:
     def manifest_fields(self) -> dict[str, int]:
         """The figures as ``ModelEntry`` records them (export and quantize write them)."""
         return {"weight_bytes": self.weight_bytes, "matmul_flops_per_token": self.matmul_flops_per_token}
+
+
+# Ops whose second input, when constant, is a [K, N] weight (integer ones count a multiply-add as float ones do)
+_MATMULS = ("MatMul", "Gemm", "MatMulInteger", "MatMulIntegerToFloat")
 
 
 def graph_cost(path: str | Path) -> ModelCost:
@@ -67,7 +71,7 @@ def graph_cost(path: str | Path) -> ModelCost:
     flops = 0
     read: set[str] = set()
     for node in g.node:
-        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
+        if node.op_type in _MATMULS and len(node.input) > 1:
             w = constant(node.input[1])
             if w is not None:
                 flops += 2 * numel[w]  # one multiply-add per weight per token

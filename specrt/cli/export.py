@@ -57,7 +57,7 @@ from .options import (
 def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
            eagle: str | None, quantize: int | None, block_size: int, head_block_size: int | None,
-           draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str,
+           draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
            quantize_embeddings: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
@@ -101,7 +101,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     gguf_target = find_gguf(model) if draft_quantize is None and not quantize else None
     qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
-                             gguf=(("target", str(gguf_target)),) if gguf_target else ())
+                             kernel=kernel, gguf=(("target", str(gguf_target)),) if gguf_target else ())
              if quantize or proposer_only or gguf_target else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
@@ -116,9 +116,10 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 @quantize_layout_options()
 @force_option
 def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_block_size: int | None,
-             draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str,
+             draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
              quantize_embeddings: bool, force: bool) -> None:
-    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits; needs onnx, not torch).
+    """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits, or its integer matmul with
+    --kernel integer; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
     lookup unless --quantize-embeddings). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
@@ -130,11 +131,13 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_b
       specrt quantize bundle -o bundle-int4 --bits int4 --block-size 32
       specrt quantize bundle -o bundle-qhead --bits none --eagle-quantize int8   # float target, int8 head
       specrt quantize bundle -o bundle-hqq --bits int4 --algorithm hqq          # int4 a small model survives
+      specrt quantize bundle -o bundle-i8 --bits int8 --kernel integer          # cheap verify rows on a CPU
     """
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 
     options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size)
+                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
+                              kernel=kernel)
     manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output}")

@@ -140,6 +140,12 @@ def quantize_layout_options(note: str = "") -> Callable:
                           "half-quadratic quantizer (asymmetric, fitted per block; needs torch, ~1 min for 135M "
                           "weights): SmolLM2-135M at int4 passes the gate with hqq (KL 0.096, limit 0.1), not with rtn (0.56). "
                           "int8 weights are always rtn."),
+        click.option("--kernel", type=click.Choice(["nbits", "integer"]), default="nbits", show_default=True,
+                     help="int8 matmuls: nbits, ONNX Runtime's MatMulNBits (blocks of --block-size); integer, its "
+                          "integer matmul with weights per column and each row's activations in two 7-bit halves: "
+                          "a 5-row verify pass costs 1.4x one row against nbits' 1.9x and a row's logits do not "
+                          "depend on the pass's row count (greedy speculation = plain decoding), for a plain step a "
+                          "few % slower (SmolLM2-135M, 2-core Xeon). CPUs only; int4 weights stay nbits."),
         click.option("--quantize-embeddings", is_flag=True,
                      help="Store the target's and draft's embedding tables at int8 too (ONNX Runtime's "
                           "GatherBlockQuantized; checked by the same gate): a quarter of their float bytes."))

@@ -23,9 +23,8 @@ import numpy as np
 from ..bundle import contract as C
 from ..bundle.files import graph_cost
 from ..bundle.manifest import Manifest, load_manifest
-from ..bundle.parity import decisive as decisive_rows
-from ..bundle.parity import row_kl
 from ..errors import ConfigError, SpecrtError
+from .quality import distribution_parity, head_acceptance
 from .staging import staged
 
 BITS = (4, 8)
@@ -35,6 +34,7 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 ALGORITHMS = ("rtn", "hqq")
+KERNELS = ("nbits", "integer")
 MIN_TOP1 = {4: 0.85, 8: 0.95}
 
 
@@ -61,8 +61,15 @@ class QuantizeOptions:
     # The LM head's blocks (and the int8 lookups', which share a tied head's bytes) when not ``block_size``:
     # a small head block with larger ones elsewhere keeps the logits close for fewer scale bytes.
     head_block_size: int | None = None
+    # int8 matmuls on "nbits" (MatMulNBits, blocks of ``block_size``) or "integer" (specrt.export.integer_matmul:
+    # cheap extra rows, row-independent numerics). Lookups and int4 weights stay as they are.
+    kernel: str = "nbits"
 
     def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"--kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.kernel == "integer" and 4 in (self.bits, self.draft_bits, self.eagle_bits):
+            raise ConfigError("--kernel integer is for int8 weights only: give int4 roles --kernel nbits")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.bits not in (None, *BITS):
@@ -254,10 +261,11 @@ def head_matmuls(model) -> list[str]:
 
 
 def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int,
-                   lookups: bool = False, algorithm: str = "rtn", head_block_size: int | None = None) -> dict:
+                   lookups: bool = False, algorithm: str = "rtn", head_block_size: int | None = None,
+                   kernel: str = "nbits") -> dict:
     """Quantize every constant-weight MatMul of ``path`` into ``out`` (``lookups``: the embedding lookups too,
     at int8; ``algorithm``: "rtn" or, for int4, "hqq"; ``head_block_size``: the LM head's and the lookups'
-    blocks, when not ``block_size``); what was done, as a record."""
+    blocks, when not ``block_size``; ``kernel``: "integer", int8 on MatMulIntegerToFloat); what was done, as a record."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         HQQWeightOnlyQuantConfig,
@@ -273,11 +281,15 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
                               "pip install torch==2.13.0") from None
 
     model = onnx.load(str(path))
-    if any(n.op_type == "MatMulNBits" for n in model.graph.node):
+    if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
     untied = untie_lm_head(model)
     tied = tied_heads(model) if lookups else {}
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
+    if kernel == "integer":
+        from .integer_matmul import integer_graph
+
+        return integer_graph(model, path, out, lookups, head_block_size or block_size, untied is not None, before)
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     heads = head_matmuls(model) if head_block_size not in (None, block_size) else []
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in heads]
@@ -313,67 +325,6 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
             "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
 
 
-
-def _prompt_ids(bundle: Path, manifest: Manifest, prompts: list[str], shortest: int) -> list[np.ndarray]:
-    """Each prompt's ids by the bundle's tokenizer, cut to its context; those shorter than ``shortest`` left out."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(bundle / manifest.tokenizer.file))
-    encoded = (np.array(tok.encode(p, add_special_tokens=False).ids[: manifest.max_context], np.int64)
-               for p in prompts)
-    return [ids for ids in encoded if ids.size >= shortest]
-
-
-def distribution_parity(reference: Path, quantized: Path, manifest: Manifest, role: str,
-                        prompts: list[str]) -> dict[str, float]:
-    """Mean KL(p_float || p_quantized) and decisive top-1 agreement over every position of the prompts
-    (one prefill each), both bundles on ONNX Runtime CPU."""
-    from ..runtime.backends.onnxruntime import OrtDecoder
-    from ..runtime.masks import causal_mask
-
-    entry = manifest.models[role]
-    decoders = [OrtDecoder(folder, entry, threads=None) for folder in (reference, quantized)]
-    kls, agree, decisive = [], 0, 0
-    for ids in _prompt_ids(reference, manifest, prompts, 1):
-        rows = [d.forward(d.new_cache(len(ids)), ids, np.arange(len(ids)), causal_mask(len(ids), 0)).logits.copy()
-                for d in decoders]
-        kls.extend(row_kl(rows[0], rows[1]))
-        sure = decisive_rows(rows[0])
-        decisive += int(sure.sum())
-        agree += int((rows[0].argmax(-1) == rows[1].argmax(-1))[sure].sum())
-    return {"mean_kl": float(np.mean(kls)), "top1_agreement": agree / decisive if decisive else 1.0,
-            "decisive_positions": decisive, "positions": len(kls)}
-
-
-def head_acceptance(bundles: list[Path], manifest: Manifest, prompts: list[str]) -> list[float]:
-    """Per bundle (each with its own target and head, float or quantized): the EAGLE-3 head's greedy first-draft
-    acceptance, teacher-forced over every position of the prompts: how often the head's argmax, read from that
-    target's taps, is the target's own next greedy token. What quantizing costs the head, in one figure."""
-    from ..runtime.backends.onnxruntime import OrtDecoder
-    from ..runtime.masks import causal_mask
-
-    head_entry = manifest.eagle
-    prompt_ids = _prompt_ids(bundles[0], manifest, prompts, 3)  # a row to score needs two tokens after it
-    vocab_map = np.load(bundles[0] / head_entry.vocab_map, allow_pickle=False)
-    out = []
-    for folder in bundles:
-        target = OrtDecoder(folder, manifest.target, threads=None)
-        head = OrtDecoder(folder, head_entry, threads=None, role="draft")
-        hits = total = 0
-        for ids in prompt_ids:
-            n = len(ids)
-            run = target.forward(target.new_cache(n), ids, np.arange(n), causal_mask(n, 0))
-            best, taps = run.logits.argmax(-1), run.extra[C.EAGLE_TAPS][: n - 1].copy()
-            # head row j: taps of position j with token j+1, predicting token j+2 (the target's argmax at j+1)
-            rows = head.forward(head.new_cache(n), ids[1:], np.arange(n - 1), causal_mask(n - 1, 0), extra={
-                C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((n - 1, head_entry.dims.hidden_size), np.float32)})
-            drafted = vocab_map[rows.logits.argmax(-1)]
-            hits += int((drafted[:-1] == best[1:n - 1]).sum())
-            total += n - 2
-        out.append(hits / total if total else 0.0)
-    return out
-
-
 def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions = QuantizeOptions(),
                     prompts: list[str] | None = None, progress: Callable[[str], None] | None = None) -> Manifest:
     """Write a quantized copy of bundle ``src`` to ``out``; it appears only once every model passed its
@@ -406,6 +357,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 continue
             if progress:
                 progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
+                         f"{role}: int8 on the integer kernel" if options.kernel == "integer" else
                          f"{role}: int{bits}, blocks of {options.block_size}"
                          + (f" (LM head and lookups: {options.head_block_size})"
                             if options.head_block_size not in (None, options.block_size) else ""))
@@ -419,7 +371,8 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             else:
                 record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
                                         options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3",
-                                        algorithm=options.algorithm, head_block_size=options.head_block_size)
+                                        algorithm=options.algorithm, head_block_size=options.head_block_size,
+                                        kernel=options.kernel)
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.
@@ -473,7 +426,8 @@ def describe(manifest: Manifest) -> str:
                 else f"int{q['bits']}")
         if q.get("algorithm") == "hqq":
             kind += " HQQ"
-        line = (f"{role}: {kind} (blocks of {q['block_size']}, {len(q['quantized_matmuls'])} matmuls"
+        layout = "integer kernel, weights per column" if q.get("kernel") == "integer" else f"blocks of {q['block_size']}"
+        line = (f"{role}: {kind} ({layout}, {len(q['quantized_matmuls'])} matmuls"
                 f"{' incl. the LM head' if q['lm_head_untied'] else ''}"
                 f"{', int8 lookup' if q.get('quantized_lookups') else ''}), {q['bytes_before'] / 2**20:.1f} → "
                 f"{q['bytes_after'] / 2**20:.1f} MiB")

@@ -144,8 +144,10 @@ def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
     Asking for another one is a one-line error naming the export that gives it."""
     quantized = [e for e in entries if e.quantization]
     if quantized:
-        raise ConfigError(f"this bundle is int{quantized[0].quantization['bits']} weight-only (ONNX Runtime's "
-                          "MatMulNBits), which TensorRT cannot parse; build engines from the float bundle it came "
+        q = quantized[0].quantization
+        op = "MatMulIntegerToFloat" if q.get("kernel") == "integer" else "MatMulNBits"
+        raise ConfigError(f"this bundle is int{q['bits']} weight-only (ONNX Runtime's {op}), which TensorRT "
+                          "cannot parse; build engines from the float bundle it came "
                           "from (weight-only TensorRT engines need a Q/DQ graph, which specrt does not produce yet)")
     fused = [e for e in entries if e.graph in ("fused", "gqa")]
     if fused:

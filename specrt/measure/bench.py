@@ -285,8 +285,9 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     # computes mean_gamma + 1 positions, each draft pass one; Medusa's heads are not counted.
     flops_t = costs["target"].matmul_flops_per_token
     ops = (row["target_passes_per_token"] * (row["mean_gamma"] + 1)
-           + (row["draft_passes_per_token"] * costs[role].matmul_flops_per_token / flops_t if draft else 0.0))
-    out: dict = {"bytes_per_token": b, "ops_factor": ops if flops_t else None}
+           + (row["draft_passes_per_token"] * costs[role].matmul_flops_per_token / flops_t if draft else 0.0)
+           if flops_t else None)  # a graph whose matmuls the cost reader does not know counts none
+    out: dict = {"bytes_per_token": b, "ops_factor": ops}
     if bandwidth is not None:
         achieved = roofline.achieved_gbps(b, row["tokens_per_second"])
         out.update(achieved_gbps=achieved, roofline_fraction=achieved / bandwidth.read_gbps,

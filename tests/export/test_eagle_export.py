@@ -337,7 +337,7 @@ def test_quantize_can_keep_the_head_float_and_unchanged(portable_bundle, tmp_pat
     acc = q.target.quantization["eagle_acceptance"]
     assert 0 <= acc["quantized"] <= 1 and abs(acc["quantized"] - acc["float"]) <= 0.1
     assert "first-draft acceptance" in describe(load_manifest(out))
-    from specrt.export.quantize import head_acceptance
+    from specrt.export.quality import head_acceptance
 
     same = head_acceptance([portable_bundle, portable_bundle], m, ["def fib(n):\n    return", "import os\n"])
     assert same[0] == same[1]
