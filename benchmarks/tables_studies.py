@@ -81,6 +81,7 @@ table("smollm2-side-by-side-eagle3-cpu", "smollm2-side-by-side-eagle3-cpu.json")
 table("smollm2-side-by-side-r8-cpu", "smollm2-side-by-side-r8-cpu.json")(side_by_side)
 table("smollm2-side-by-side-r9-cpu", "smollm2-side-by-side-r9-cpu.json")(side_by_side)
 table("smollm2-side-by-side-xeon-cpu", "smollm2-side-by-side-xeon-cpu.json")(side_by_side)
+table("smollm2-int8-integer-xeon-cpu", "smollm2-int8-integer-xeon-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-cpu", "demo-int4-side-by-side-cpu.json")(side_by_side)
 table("demo-int4-none-vs-genai-cpu", "demo-int4-none-vs-genai-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-xeon-cpu", "demo-int4-side-by-side-xeon-cpu.json")(side_by_side)
@@ -181,6 +182,7 @@ table("verify-cost-gqa-cpu", "verify-cost-gqa-cpu.json")(verify_cost)
 table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
 table("verify-cost-xeon-cpu", "verify-cost-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-xeon-cpu", "verify-cost-integer-xeon-cpu.json")(verify_cost)
+table("verify-cost-integer-kernel-xeon-cpu", "verify-cost-integer-kernel-xeon-cpu.json")(verify_cost)
 
 
 @table("eagle-tree-depth-cpu", "eagle-tree-depth-cpu.json")
@@ -286,3 +288,12 @@ def old_vs_new(data: dict) -> str:
             f"{statistics.median(r[m]['tokens_per_second'] for r in runs):.0f} "
             f"({statistics.median(r[m]['speedup_vs_none'] for r in runs):.2f}×)" for m in methods], "–"])
     return _md(["code version", "run", *[f"`{m}` tokens/s (vs none)" for m in methods], "greedy = none"], rows)
+
+
+@table("greedy-parity-xeon-cpu", "greedy-parity-xeon-cpu.json")
+def greedy_parity(data: dict) -> str:
+    """benchmarks/greedy_parity.py: greedy generations that leave plain decoding's tokens, per bundle and method."""
+    rows = [[Path(bundle).name, method, f"{r['differ']} of {r['generations']}",
+             ", ".join(map(str, sorted(r["first_difference"]))) or "–"]
+            for bundle, methods in data["bundles"].items() for method, r in methods.items()]
+    return _md(["bundle", "method", "greedy generations that leave `none`'s tokens", "first different token"], rows)

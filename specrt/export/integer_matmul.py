@@ -5,7 +5,8 @@ Why: ``MatMulNBits`` (the default int8 format) quantizes activations to int8 per
 time grows almost linearly with the rows it multiplies (a 5-row verify pass costs 1.7-1.9 one-row passes on
 SmolLM2-135M, 2 cores), and what it gives a row moves with the pass's row count. ``MatMulIntegerToFloat``
 (MLAS's u8 × s8 kernels) costs little per extra row; with each row quantized on its own and split in two
-halves it keeps about the weights' error only, and every row's result is the same whatever else is in the pass:
+halves it keeps about the weights' error only, and each row's product is the same whatever else is in the pass
+(docs/performance/int8-integer-kernel-cpu.md):
 
     s   = max|x| / 63 per row                  x: one row of activations
     hi  = round(x / s)                         in [-63, 63]

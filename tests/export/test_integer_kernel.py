@@ -57,8 +57,8 @@ def test_the_graph_computes_its_reference_and_stays_close_to_float(rewritten):
 
 
 def test_each_row_is_computed_alone(rewritten):
-    """The point of per-row halves: a verify pass gives a row what a one-row pass gives it, bit for bit
-    (integer sums are exact), so greedy speculation is plain decoding and no drafted row moves another."""
+    """The point of per-row halves: a verify pass's matmul gives a row what a one-row pass gives it, bit for
+    bit (integer sums are exact): no drafted row moves another's product."""
     _, run = rewritten
     x = np.random.default_rng(2).standard_normal((1, 9, K)).astype(np.float32)
     together = run(x)
