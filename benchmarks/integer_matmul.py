@@ -1,7 +1,8 @@
 """An experiment kept reproducible: int8 weights on ONNX Runtime's ``MatMulInteger`` with each row's activations
 quantized on their own, against ``MatMulNBits`` (what ``specrt quantize --bits int8`` writes). Not offered
 by specrt: on SmolLM2-135M it fails the int8 quality gate and its 1-row pass is slower
-(docs/performance/verify-cost-cpu.md).
+(docs/performance/verify-cost-cpu.md). What specrt offers instead splits each row's activations in two halves
+(``specrt quantize --kernel integer``, specrt/export/integer_matmul.py).
 
 Why try it: ``MatMulNBits`` at accuracy level 4 grows almost linearly with rows on CPUs without AVX-512
 (benchmarks/matmul-rows-cpu.json: 72 µs for 1 row, 192 µs for 4), and its result for a row moves with the

@@ -61,7 +61,6 @@ def reference_matmul(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndar
 
 @dataclass
 class _Rewrite:
-    opset: int
     inits: list = field(default_factory=list)
     halves: dict = field(default_factory=dict)  # activation tensor -> (uint8 [hi; lo] tensor, scale tensor)
 
@@ -86,14 +85,10 @@ class _Rewrite:
             return self.halves[x]
         p = f"{x}.i8"
         f32 = lambda v: np.array(v, np.float32)  # noqa: E731
-        if self.opset >= 18:
-            reduce = helper.make_node("ReduceMax", [f"{p}.abs", self.shared("axes_last", np.array([-1], np.int64))],
-                                      [f"{p}.max"], keepdims=1)
-        else:
-            reduce = helper.make_node("ReduceMax", [f"{p}.abs"], [f"{p}.max"], axes=[-1], keepdims=1)
         nodes += [
             helper.make_node("Abs", [x], [f"{p}.abs"]),
-            reduce,
+            helper.make_node("ReduceMax", [f"{p}.abs", self.shared("axes_last", np.array([-1], np.int64))],
+                             [f"{p}.max"], keepdims=1),  # axes as an input: opset 18
             helper.make_node("Mul", [f"{p}.max", self.shared("inv_act_max", f32(1 / ACT_MAX))], [f"{p}.s0"]),
             # an all-zero row: scale 1e-30, halves 0, result 0 (not 0/0)
             helper.make_node("Max", [f"{p}.s0", self.shared("tiny", f32(1e-30))], [f"{p}.scale"]),
@@ -131,8 +126,9 @@ class _Rewrite:
 
 def rewrite_integer(model, names: set[str] | None = None) -> list[str]:
     """Rewrite in place every MatMul of ``model`` with a constant 2-D float weight (or those named in ``names``)
-    into the integer form of the module docstring. Needs opset ≥ 18 (``Split``'s ``num_outputs``). Returns the
-    rewritten nodes' names; their float weights are dropped."""
+    into the integer form of the module docstring. Needs opset ≥ 18 (``Split``'s ``num_outputs``, ``ReduceMax``'s
+    axes input). Returns the rewritten nodes' names; their float weights are dropped. A float16 weight is left as
+    it is (its activations would need casts): :func:`integer_graph` refuses such graphs."""
     from onnx import TensorProto, helper, numpy_helper
 
     g = model.graph
@@ -140,7 +136,7 @@ def rewrite_integer(model, names: set[str] | None = None) -> list[str]:
     if opset < 18:
         raise ValueError(f"the integer rewrite needs opset 18 or later, this graph has {opset}")
     inits = {i.name: i for i in g.initializer}
-    rw = _Rewrite(opset)
+    rw = _Rewrite()
     done, nodes, replaced = [], [], set()
     for node in g.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -170,9 +166,17 @@ def integer_graph(model, path, out, lookups: bool, lookup_block: int, untied: bo
     import onnx
 
     from ..bundle import contract as C
+    from ..errors import ConfigError
     from .quantize import quantize_lookups
 
-    rewrite_integer(model)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    if any(inits.get(n.input[1]) == onnx.TensorProto.FLOAT16 for n in model.graph.node if n.op_type == "MatMul"):
+        raise ConfigError(f"{path.name} is float16: --kernel integer rewrites float32 graphs (export with --dtype "
+                          "fp32, or use --kernel nbits)")
+    try:
+        rewrite_integer(model)
+    except ValueError as e:
+        raise ConfigError(f"{path.name}: {e} (export again with --opset 18 or later, or use --kernel nbits)") from None
     tables = quantize_lookups(model, lookup_block) if lookups else []
     after = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data

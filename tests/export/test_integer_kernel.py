@@ -82,9 +82,17 @@ def test_halves_stay_within_seven_bits():
     assert np.abs(back - x).max() <= s.max() / (4 * ACT_MAX) + 1e-6
 
 
-def test_an_old_opset_is_refused():
+def test_graphs_it_cannot_rewrite_are_refused_in_one_line(tmp_path):
+    from specrt.export.quantize import quantize_graph
+
     with pytest.raises(ValueError, match="opset 18"):
         rewrite_integer(_matmul_graph(np.ones((K, N), np.float32), opset=17))
+    for name, model in (("old.onnx", _matmul_graph(np.ones((K, N), np.float32), opset=17)),
+                        ("half.onnx", _matmul_graph(np.ones((K, N), np.float16)))):
+        onnx.save(model, str(tmp_path / name))
+        with pytest.raises(ConfigError, match="opset 18|float16"):
+            quantize_graph(tmp_path / name, tmp_path / f"q-{name}", 8, 32, 4, kernel="integer")
+        assert not (tmp_path / f"q-{name}").exists()
 
 
 @pytest.fixture(scope="module")
