@@ -82,6 +82,7 @@ table("smollm2-side-by-side-r8-cpu", "smollm2-side-by-side-r8-cpu.json")(side_by
 table("smollm2-side-by-side-r9-cpu", "smollm2-side-by-side-r9-cpu.json")(side_by_side)
 table("smollm2-side-by-side-xeon-cpu", "smollm2-side-by-side-xeon-cpu.json")(side_by_side)
 table("smollm2-int8-integer-xeon-cpu", "smollm2-int8-integer-xeon-cpu.json")(side_by_side)
+table("smollm2-side-by-side-integer-xeon-cpu", "smollm2-side-by-side-integer-xeon-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-cpu", "demo-int4-side-by-side-cpu.json")(side_by_side)
 table("demo-int4-none-vs-genai-cpu", "demo-int4-none-vs-genai-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-xeon-cpu", "demo-int4-side-by-side-xeon-cpu.json")(side_by_side)
