@@ -159,12 +159,9 @@ def rewrite_matmuls(model, names: set[str] | None = None, limit: int = WEIGHT_MA
         replaced.add(w.name)
         done.append(node.name)
     if done:
-        del g.node[:]
-        g.node.extend(nodes)
-        g.initializer.extend(rw.inits)
-        read = {i for n in g.node for i in n.input}
-        for init in [i for i in g.initializer if i.name in replaced and i.name not in read]:
-            g.initializer.remove(init)
+        from specrt.export.integer_matmul import replace_nodes
+
+        replace_nodes(g, nodes, rw.inits, replaced)
     return done
 
 

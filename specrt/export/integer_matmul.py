@@ -148,15 +148,21 @@ def rewrite_integer(model, names: set[str] | None = None) -> list[str]:
         replaced.add(w.name)
         done.append(node.name)
     if done:
-        del g.node[:]
-        g.node.extend(nodes)
-        g.initializer.extend(rw.inits)
-        read = {i for n in g.node for i in n.input}
-        for init in [i for i in g.initializer if i.name in replaced and i.name not in read]:
-            g.initializer.remove(init)
+        replace_nodes(g, nodes, rw.inits, replaced)
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return done
+
+
+def replace_nodes(graph, nodes: list, inits: list, replaced: set[str]) -> None:
+    """A rewrite's last step: ``graph``'s nodes become ``nodes``, ``inits`` are added, and the ``replaced``
+    initializers nothing reads any more are dropped."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    read = {i for n in graph.node for i in n.input}
+    for init in [i for i in graph.initializer if i.name in replaced and i.name not in read]:
+        graph.initializer.remove(init)
 
 
 def integer_graph(model, path, out, lookups: bool, lookup_block: int, untied: bool, before: set[str]) -> dict:
