@@ -248,6 +248,7 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
 
     from ..bundle import contract as C
     from .quantize import drop_dead, quantize_lookups, tied_heads, untie_lm_head
+    from .staging import save_graph
 
     model = onnx.load(str(path))
     if any(n.op_type == "MatMulNBits" for n in model.graph.node):
@@ -308,8 +309,7 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     shared = {t: w for t, w in tied.items() if f"{w}_Q8" in names}
     tables = quantize_lookups(model, BLOCK, shared, only=set(shared)) if shared else []
     drop_dead(model)  # the float weights the blocks replaced
-    large = model.ByteSize() > 1_800_000_000
-    onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
+    save_graph(model, out)
     bits = min(KEPT[k] for k in types)
     float_graph = all(d == np.float32 for d in indexes)
     return {"bits": bits, "block_size": BLOCK, "accuracy_level": accuracy_level, "symmetric": "Q4_1" not in types,

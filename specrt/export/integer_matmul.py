@@ -174,6 +174,7 @@ def integer_graph(model, path, out, lookups: bool, lookup_block: int, untied: bo
     from ..bundle import contract as C
     from ..errors import ConfigError
     from .quantize import quantize_lookups
+    from .staging import save_graph
 
     inits = {i.name: i.data_type for i in model.graph.initializer}
     if any(inits.get(n.input[1]) == onnx.TensorProto.FLOAT16 for n in model.graph.node if n.op_type == "MatMul"):
@@ -185,8 +186,7 @@ def integer_graph(model, path, out, lookups: bool, lookup_block: int, untied: bo
         raise ConfigError(f"{path.name}: {e} (export again with --opset 18 or later, or use --kernel nbits)") from None
     tables = quantize_lookups(model, lookup_block) if lookups else []
     after = {n.name for n in model.graph.node if n.op_type == "MatMul"}
-    large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
-    onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")
+    save_graph(model, out)
     return {"bits": 8, "block_size": None, "kernel": "integer", "format": FORMAT, "symmetric": True,
             "algorithm": "rtn", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied,
             **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_block_size": lookup_block} if tables else {}),

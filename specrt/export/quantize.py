@@ -25,7 +25,7 @@ from ..bundle.files import graph_cost
 from ..bundle.manifest import Manifest, load_manifest
 from ..errors import ConfigError, SpecrtError
 from .quality import distribution_parity, head_acceptance
-from .staging import staged
+from .staging import save_graph, staged
 
 BITS = (4, 8)
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -315,8 +315,7 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     head_size = head_block_size if heads else block_size
     tables = quantize_lookups(qmodel, head_size, tied) if lookups else []
     after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
-    large = qmodel.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to external data
-    onnx.save_model(qmodel, str(out), save_as_external_data=large, location=out.name + ".data")
+    save_graph(qmodel, out)
     return {"bits": bits, "block_size": block_size, **({"head_block_size": head_size} if heads else {}),
             "accuracy_level": accuracy_level, "symmetric": not hqq,
             "algorithm": "hqq" if hqq else "rtn", "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,

@@ -54,3 +54,17 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_graph(model, out: Path) -> None:
+    """Write an ONNX ``model`` to ``out``, its weights in ``<out>.data`` when the file would pass protobuf's 2 GB
+    limit (past which protobuf cannot even size the message: an int8 graph of a 1B model with its float
+    embedding table)."""
+    import onnx
+    from google.protobuf.message import EncodeError
+
+    try:
+        large = model.ByteSize() > 1_800_000_000
+    except EncodeError:
+        large = True
+    onnx.save_model(model, str(out), save_as_external_data=large, location=out.name + ".data")

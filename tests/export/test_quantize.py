@@ -284,3 +284,21 @@ def test_the_lm_head_and_lookups_can_take_their_own_block_size(close_bundle, tmp
     assert gen.generate(PROMPTS[0], max_new_tokens=12, method="draft").token_ids == want
     with pytest.raises(ConfigError, match="block size must be one of"):
         QuantizeOptions(bits=8, head_block_size=24)
+
+
+def test_a_graph_past_protobuf_s_limit_is_saved_with_external_data(tmp_path, monkeypatch):
+    """An int8 graph of a 1B model with its float embedding table is past 2 GB, where protobuf cannot even size
+    the message (EncodeError from ByteSize): its weights go to <file>.data instead of a traceback."""
+    from google.protobuf.message import EncodeError
+
+    from specrt.export.staging import save_graph
+
+    class Huge:
+        def ByteSize(self) -> int:
+            raise EncodeError("Failed to serialize proto")
+
+    saved: list[dict] = []
+    monkeypatch.setattr(onnx, "save_model", lambda model, path, **kw: saved.append({"path": path, **kw}))
+    save_graph(Huge(), tmp_path / "target.onnx")
+    assert saved == [{"path": str(tmp_path / "target.onnx"), "save_as_external_data": True,
+                      "location": "target.onnx.data"}]
