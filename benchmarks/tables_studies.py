@@ -83,6 +83,7 @@ table("smollm2-side-by-side-r9-cpu", "smollm2-side-by-side-r9-cpu.json")(side_by
 table("smollm2-side-by-side-xeon-cpu", "smollm2-side-by-side-xeon-cpu.json")(side_by_side)
 table("smollm2-int8-integer-xeon-cpu", "smollm2-int8-integer-xeon-cpu.json")(side_by_side)
 table("smollm2-side-by-side-integer-xeon-cpu", "smollm2-side-by-side-integer-xeon-cpu.json")(side_by_side)
+table("llama-1b-int8-integer-xeon-cpu", "llama-1b-int8-integer-xeon-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-cpu", "demo-int4-side-by-side-cpu.json")(side_by_side)
 table("demo-int4-none-vs-genai-cpu", "demo-int4-none-vs-genai-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-xeon-cpu", "demo-int4-side-by-side-xeon-cpu.json")(side_by_side)
@@ -184,6 +185,7 @@ table("verify-cost-integer-cpu", "verify-cost-integer-cpu.json")(verify_cost)
 table("verify-cost-xeon-cpu", "verify-cost-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-xeon-cpu", "verify-cost-integer-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-kernel-xeon-cpu", "verify-cost-integer-kernel-xeon-cpu.json")(verify_cost)
+table("verify-cost-integer-kernel-1b-xeon-cpu", "verify-cost-integer-kernel-1b-xeon-cpu.json")(verify_cost)
 
 
 @table("eagle-tree-depth-cpu", "eagle-tree-depth-cpu.json")

@@ -143,10 +143,10 @@ def quantize_layout_options(note: str = "") -> Callable:
         click.option("--kernel", type=click.Choice(["nbits", "integer"]), default="nbits", show_default=True,
                      help="int8 matmuls: nbits, ONNX Runtime's MatMulNBits (blocks of --block-size); integer, its "
                           "integer matmul with weights per column and each row's activations in two 7-bit halves: "
-                          "a 5-row verify pass costs 1.4x one row against nbits' 1.7x, eagle-tree runs ~1.1x faster "
-                          "and greedy speculation nearly always gives plain decoding's tokens (2 of 56 runs left them, "
-                          "nbits 44), for a plain step ~5% slower (SmolLM2-135M, 2-core Xeon). CPUs only; int4 "
-                          "weights stay nbits."),
+                          "5 verify rows cost 1.4x one against nbits' 1.7x on SmolLM2-135M (eagle-tree ~1.1x faster, "
+                          "plain steps ~5% slower) and 1.15x against 1.6x at Llama-3.2-1B dimensions (plain steps "
+                          "1.27x faster), and greedy speculation nearly always gives plain decoding's tokens (2 of 56 "
+                          "runs left them, nbits 44; 2-core Xeon). CPUs only; int4 weights stay nbits."),
         click.option("--quantize-embeddings", is_flag=True,
                      help="Store the target's and draft's embedding tables at int8 too (ONNX Runtime's "
                           "GatherBlockQuantized; checked by the same gate): a quarter of their float bytes."))
