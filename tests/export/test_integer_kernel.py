@@ -68,9 +68,9 @@ def test_each_row_is_computed_alone(rewritten):
     assert np.array_equal(run(x)[:, 4], np.zeros((1, N), np.float32))
 
 
-def test_halves_stay_within_seven_bits():
+def test_halves_stay_within_seven_bits(rewritten):
     """AVX2's u8 x s8 kernel adds pairs of products in int16: activations ≤ 127 cannot saturate with 8-bit
-    weights. Fractions of exactly ±1/2 are the edge."""
+    weights. Fractions of exactly ±1/2 are the edge (the graph rounds them as the reference does)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((50, K)).astype(np.float32)
     x[:, 0] = ACT_MAX  # the row's max: scale 1, so the next columns are exact half-steps
@@ -80,6 +80,9 @@ def test_halves_stay_within_seven_bits():
         assert half.min() >= ZERO_POINT - ACT_MAX and half.max() <= ZERO_POINT + ACT_MAX <= 127
     back = (hi.astype(np.float32) - ZERO_POINT + (lo.astype(np.float32) - ZERO_POINT) / (2 * ACT_MAX)) * s
     assert np.abs(back - x).max() <= s.max() / (4 * ACT_MAX) + 1e-6
+    w, run = rewritten
+    q, scale = quantize_columns(w)
+    np.testing.assert_allclose(run(x[None]), reference_matmul(x[None], q, scale), rtol=1e-5, atol=1e-5)
 
 
 def test_graphs_it_cannot_rewrite_are_refused_in_one_line(tmp_path):
