@@ -51,11 +51,10 @@ ZERO_POINT = 128  # activations are symmetric int8 stored as uint8, the type MLA
 
 
 def quantize_columns(weight: np.ndarray, limit: int = WEIGHT_MAX) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-output-column int8 of a [K, N] weight: (q [K, N] int8 with |q| <= limit, scale [N])."""
-    w = weight.astype(np.float32)
-    scale = np.abs(w).max(axis=0) / limit
-    safe = np.where(scale == 0, 1, scale)
-    return np.clip(np.rint(w / safe), -limit, limit).astype(np.int8), scale.astype(np.float32)
+    """specrt's symmetric per-output-column int8 (``--kernel integer``'s), 7-bit unless ``limit`` says otherwise."""
+    from specrt.export.integer_matmul import quantize_columns as per_column
+
+    return per_column(weight, limit)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,12 +32,12 @@ WEIGHT_MAX = 127
 FORMAT = "MatMulIntegerToFloat, int8 weights per column, per-row activations in two 7-bit halves"
 
 
-def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-output-column int8 of a [K, N] weight: (q [K, N] int8, scale [N] float32)."""
+def quantize_columns(weight: np.ndarray, limit: int = WEIGHT_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-column int8 of a [K, N] weight: (q [K, N] int8 with |q| ≤ ``limit``, scale [N] float32)."""
     w = weight.astype(np.float32)
-    scale = np.abs(w).max(axis=0) / WEIGHT_MAX
+    scale = np.abs(w).max(axis=0) / limit
     safe = np.where(scale == 0, 1, scale)
-    return np.clip(np.rint(w / safe), -WEIGHT_MAX, WEIGHT_MAX).astype(np.int8), scale.astype(np.float32)
+    return np.clip(np.rint(w / safe), -limit, limit).astype(np.int8), scale.astype(np.float32)
 
 
 def split_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -284,12 +284,12 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
     untied = untie_lm_head(model)
-    tied = tied_heads(model) if lookups else {}
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
-    if kernel == "integer":
+    if kernel == "integer":  # its lookups share no bytes with the head: no need to find the tied tables
         from .integer_matmul import integer_graph
 
         return integer_graph(model, path, out, lookups, head_block_size or block_size, untied is not None, before)
+    tied = tied_heads(model) if lookups else {}
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     heads = head_matmuls(model) if head_block_size not in (None, block_size) else []
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in heads]
