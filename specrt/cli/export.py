@@ -119,7 +119,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_b
              draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
              quantize_embeddings: bool, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits, or its integer matmul with
-    --kernel integer; needs onnx, not torch).
+    --kernel integer, or whichever of the two runs faster here with --kernel auto; needs onnx, not torch).
 
     Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
     lookup unless --quantize-embeddings). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
@@ -132,6 +132,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_b
       specrt quantize bundle -o bundle-qhead --bits none --eagle-quantize int8   # float target, int8 head
       specrt quantize bundle -o bundle-hqq --bits int4 --algorithm hqq          # int4 a small model survives
       specrt quantize bundle -o bundle-i8 --bits int8 --kernel integer          # cheap verify rows on a CPU
+      specrt quantize bundle -o bundle-q8 --bits int8 --kernel auto             # the faster int8 on this CPU
     """
     from ..export.quantize import QuantizeOptions, describe, quantize_bundle
 

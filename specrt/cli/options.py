@@ -140,13 +140,16 @@ def quantize_layout_options(note: str = "") -> Callable:
                           "half-quadratic quantizer (asymmetric, fitted per block; needs torch, ~1 min for 135M "
                           "weights): SmolLM2-135M at int4 passes the gate with hqq (KL 0.096, limit 0.1), not with rtn (0.56). "
                           "int8 weights are always rtn."),
-        click.option("--kernel", type=click.Choice(["nbits", "integer"]), default="nbits", show_default=True,
+        click.option("--kernel", type=click.Choice(["nbits", "integer", "auto"]), default="nbits", show_default=True,
                      help="int8 matmuls: nbits, ONNX Runtime's MatMulNBits (blocks of --block-size); integer, its "
-                          "integer matmul with weights per column and each row's activations in two 7-bit halves: "
-                          "5 verify rows cost 1.4x one against nbits' 1.7x on SmolLM2-135M (eagle-tree ~1.1x faster, "
-                          "plain steps ~5% slower) and 1.15x against 1.6x at Llama-3.2-1B dimensions (plain steps "
-                          "1.27x faster), and greedy speculation nearly always gives plain decoding's tokens (2 of 56 "
-                          "runs left them, nbits 44; 2-core Xeon). CPUs only; int4 weights stay nbits."),
+                          "integer matmul with weights per column and each row's activations in two 7-bit halves "
+                          "(CPUs only); auto, the target made both ways and the faster kept, timed on this machine "
+                          "at the rows decoding will verify (1, or 4 where a draft or head proposes). Which wins "
+                          "depends on the CPU: on a 2-core Xeon integer's 5 verify rows cost 1.4x one against "
+                          "nbits' 1.7x (eagle-tree ~1.1x faster, plain ~5% slower on SmolLM2-135M; plain 1.27x "
+                          "faster at Llama-3.2-1B dimensions); on a 2-core AMD Zen 4 integer was slower at every "
+                          "row count. integer also keeps greedy speculation on plain decoding's tokens (2 of 56 "
+                          "runs left them, nbits 44). int4 weights stay nbits."),
         click.option("--quantize-embeddings", is_flag=True,
                      help="Store the target's and draft's embedding tables at int8 too (ONNX Runtime's "
                           "GatherBlockQuantized; checked by the same gate): a quarter of their float bytes."))

@@ -34,7 +34,7 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 ALGORITHMS = ("rtn", "hqq")
-KERNELS = ("nbits", "integer")
+KERNELS = ("nbits", "integer", "auto")
 MIN_TOP1 = {4: 0.85, 8: 0.95}
 
 
@@ -62,7 +62,8 @@ class QuantizeOptions:
     # a small head block with larger ones elsewhere keeps the logits close for fewer scale bytes.
     head_block_size: int | None = None
     # int8 matmuls on "nbits" (MatMulNBits, blocks of ``block_size``) or "integer" (specrt.export.integer_matmul:
-    # cheap extra rows, row-independent numerics). Lookups and int4 weights stay as they are.
+    # cheap extra rows, row-independent numerics), or "auto": the target's int8 graph made both ways and timed
+    # here (specrt.export.kernel_choice), the other roles following it. Lookups and int4 weights stay as they are.
     kernel: str = "nbits"
 
     def __post_init__(self) -> None:
@@ -350,13 +351,15 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         for item in src.iterdir():
             if item.name != "engines":  # engines belong to the float graphs
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-        for role, entry in manifest.models.items():
+        kernel = "nbits" if options.kernel == "auto" else options.kernel  # auto: until the target's is timed
+        for role, entry in sorted(manifest.models.items(), key=lambda item: item[0] != "target"):
             bits, gguf = options.bits_for(role), options.gguf_for(role)
             if bits is None and gguf is None:
                 continue
-            if progress:
+            timed = options.kernel == "auto" and role == "target" and bits == 8 and gguf is None
+            if progress and not timed:
                 progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
-                         f"{role}: int8 on the integer kernel" if options.kernel == "integer" else
+                         f"{role}: int8 on the integer kernel" if kernel == "integer" and bits == 8 else
                          f"{role}: int{bits}, blocks of {options.block_size}"
                          + (f" (LM head and lookups: {options.head_block_size})"
                             if options.head_block_size not in (None, options.block_size) else ""))
@@ -368,10 +371,19 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 record = keep_blocks(src / entry.file, tmp / entry.file, gguf, options.accuracy_level)
                 bits = record["bits"]
             else:
-                record = quantize_graph(src / entry.file, tmp / entry.file, bits, options.block_size,
-                                        options.accuracy_level, lookups=options.embeddings or entry.kind == "eagle3",
-                                        algorithm=options.algorithm, head_block_size=options.head_block_size,
-                                        kernel=options.kernel)
+                def write(out: Path, how: str, entry=entry, bits=bits) -> dict:
+                    return quantize_graph(src / entry.file, out, bits, options.block_size, options.accuracy_level,
+                                          lookups=options.embeddings or entry.kind == "eagle3",
+                                          algorithm=options.algorithm, head_block_size=options.head_block_size,
+                                          kernel=how if bits == 8 else "nbits")
+
+                if timed:
+                    from .kernel_choice import decisive_rows, quantize_by_timing
+
+                    record = quantize_by_timing(entry.file, entry, tmp, decisive_rows(manifest), write, progress)
+                    kernel = record["kernel"]
+                else:
+                    record = write(tmp / entry.file, kernel)
             if entry.kind == "eagle3":
                 # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
                 # acceptance on the quantized pair is measured below, once every graph is written.
@@ -434,6 +446,10 @@ def describe(manifest: Manifest) -> str:
             p = q["parity"]
             line += (f"; vs float: mean KL {p['mean_kl']:.4f}, top-1 {p['top1_agreement']:.3f} over "
                      f"{p['decisive_positions']} decisive positions")
+        if "kernel_choice" in q:
+            from .kernel_choice import describe_choice
+
+            line += f"; {describe_choice(q['kernel_choice'])}"
         if "eagle_acceptance" in q:
             a = q["eagle_acceptance"]
             line += (f"; EAGLE-3 head's first-draft acceptance {a['float']:.3f} on the float pair, "

@@ -1,0 +1,80 @@
+"""``--kernel auto``: both int8 graphs made and timed on this machine, the faster kept, the other roles
+following the target's choice; the timing recorded and printed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import specrt.export.kernel_choice as kc
+from specrt.bundle.manifest import load_manifest
+from specrt.cli import main
+from specrt.export.quantize import QuantizeOptions, describe, quantize_bundle
+
+
+def _ops(bundle, entry) -> list[str]:
+    return [n.op_type for n in onnx.load(str(bundle / entry.file)).graph.node]
+
+
+def test_the_choice_is_the_faster_graph_at_the_rows_weighed():
+    slow_one_row = kc.KernelTiming(4, {"nbits": {1: 9.0, 4: 12.0}, "integer": {1: 11.0, 4: 11.5}})
+    assert slow_one_row.chosen == "integer"  # a proposer's bundle weighs its verify passes
+    assert kc.KernelTiming(1, {"nbits": {1: 9.0}, "integer": {1: 11.0}}).chosen == "nbits"
+    assert kc.KernelTiming(1, {"nbits": {1: 9.0}, "integer": {1: 9.0}}).chosen == "nbits"  # a tie: the portable one
+    record = slow_one_row.record()
+    assert record["chosen"] == "integer" and record["ms"]["nbits"] == {"1": 9.0, "4": 12.0}
+    assert kc.describe_choice(record) == ("--kernel auto chose integer (ms per pass at 1/4 rows: nbits 9.00/12.00, "
+                                          "integer 11.00/11.50)")
+
+
+def test_the_rows_weighed_follow_what_the_bundle_can_propose_with(close_bundle):
+    m = load_manifest(close_bundle)
+    assert kc.decisive_rows(m) == kc.VERIFY_ROWS  # it has a draft model
+    assert kc.decisive_rows(replace(m, models={"target": m.target})) == 1
+
+
+def test_auto_keeps_what_it_timed_faster_here(close_bundle, tmp_path):
+    out = tmp_path / "auto"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=8, kernel="auto"))
+    choice = m.target.quantization["kernel_choice"]
+    assert choice["rows"] == kc.VERIFY_ROWS and set(choice["ms"]) == {"nbits", "integer"}
+    times = {k: t[str(choice["rows"])] for k, t in choice["ms"].items()}
+    assert all(t > 0 for ms in choice["ms"].values() for t in ms.values())
+    assert choice["chosen"] == min(times, key=times.get) == m.target.quantization["kernel"]
+    on_integer = choice["chosen"] == "integer"
+    for entry in m.models.values():  # the draft follows the target's kernel
+        ops = _ops(out, entry)
+        assert ("MatMulIntegerToFloat" in ops) == on_integer and ("MatMulNBits" in ops) != on_integer
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no candidate left behind
+    assert "--kernel auto chose " + choice["chosen"] in describe(m)
+
+
+@pytest.mark.parametrize("faster", ["integer", "nbits"])
+def test_every_role_follows_the_timing(close_bundle, tmp_path, monkeypatch, faster):
+    other = "nbits" if faster == "integer" else "integer"
+
+    def timed(folders, entry, rows):
+        assert set(folders) == {"nbits", "integer"} and all((f / entry.file).is_file() for f in folders.values())
+        return kc.KernelTiming(rows, {faster: {1: 5.0, rows: 6.0}, other: {1: 7.0, rows: 8.0}})
+
+    monkeypatch.setattr(kc, "time_graphs", timed)
+    out = tmp_path / faster
+    res = CliRunner().invoke(main, ["quantize", str(close_bundle), "-o", str(out), "--bits", "int8", "--kernel", "auto"])
+    assert res.exit_code == 0, res.output
+    assert f"--kernel auto chose {faster}" in res.output and "timing both" in res.output
+    m = load_manifest(out)
+    op = "MatMulIntegerToFloat" if faster == "integer" else "MatMulNBits"
+    for role, entry in m.models.items():
+        assert op in _ops(out, entry), role
+        assert entry.quantization["parity"]["mean_kl"] <= entry.quantization["parity"]["max_mean_kl"]
+    assert "kernel_choice" not in m.draft.quantization  # the target's timing decided it
+
+
+def test_auto_on_int4_is_nbits_without_timing(close_bundle, tmp_path, monkeypatch):
+    monkeypatch.setattr(kc, "time_graphs", lambda *a: pytest.fail("an int4 target has one kernel: nothing to time"))
+    m = quantize_bundle(close_bundle, tmp_path / "q4", QuantizeOptions(bits=4, draft_bits=8, kernel="auto"))
+    assert "kernel_choice" not in m.target.quantization
+    assert "MatMulNBits" in _ops(tmp_path / "q4", m.draft)  # auto without a timed target: the default format
