@@ -102,6 +102,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     from rich.console import Console
 
     from .. import load
+    from ..bundle.machine import kernel_choice_note
     from ..data import prompts as builtin_prompts
     from ..measure.bandwidth import Bandwidth
     from ..measure.bench import (
@@ -129,6 +130,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
     notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
+    moved = kernel_choice_note(gen.manifest.target.quantization)
+    notes += [moved] if moved else []
     with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
         peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
                            on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"),

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..bundle.machine import cpu_name
 from ..bundle.manifest import Manifest, ModelEntry
 
 CANDIDATES = ("nbits", "integer")
@@ -101,7 +102,7 @@ def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,
         chosen = timing.chosen
         for item in folders[chosen].iterdir():  # the graph and, past 2 GB, its external data
             shutil.move(str(item), str(tmp / item.name))
-        return {**records[chosen], "kernel": chosen, "kernel_choice": timing.record()}
+        return {**records[chosen], "kernel": chosen, "kernel_choice": {**timing.record(), "cpu": cpu_name()}}
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)

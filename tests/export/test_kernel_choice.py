@@ -3,6 +3,8 @@ following the target's choice; the timing recorded and printed."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 
 import onnx
@@ -10,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import specrt.export.kernel_choice as kc
+from specrt.bundle.machine import cpu_name, kernel_choice_note
 from specrt.bundle.manifest import load_manifest
 from specrt.cli import main
 from specrt.export.quantize import QuantizeOptions, describe, quantize_bundle
@@ -50,6 +53,32 @@ def test_auto_keeps_what_it_timed_faster_here(close_bundle, tmp_path):
         assert ("MatMulIntegerToFloat" in ops) == on_integer and ("MatMulNBits" in ops) != on_integer
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no candidate left behind
     assert "--kernel auto chose " + choice["chosen"] in describe(m)
+    assert choice["cpu"] == cpu_name()
+    # run where it was timed: no note; moved to another CPU, bench says the choice may not hold there
+    assert kernel_choice_note(m.target.quantization) is None
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    raw = json.loads((moved / "specrt.json").read_text())
+    raw["models"]["target"]["quantization"]["kernel_choice"]["cpu"] = "Other CPU (family 6, model 143)"
+    (moved / "specrt.json").write_text(json.dumps(raw))
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(moved), "--methods", "none", "--max-new-tokens", "4",
+                                    "--repeats", "1", "--prompt-set", "prose"])
+    assert res.exit_code == 0, res.output
+    assert f"({choice['chosen']}) was chosen by timing on Other CPU (family 6, model 143)" in " ".join(res.output.split())
+
+
+def test_the_cpu_is_named_by_model_and_family(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                   "model name\t: AMD EPYC\n\nprocessor\t: 1\nmodel name\t: other\n")
+    assert cpu_name(x86) == "AMD EPYC (family 25, model 17)"
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 62.50\nCPU part\t: 0xd42\n")
+    assert cpu_name(arm) == cpu_name(tmp_path / "absent")  # no model name: what Python knows of the machine
+    timed = {"kernel_choice": {"chosen": "integer", "cpu": "Intel Xeon (family 6, model 143)"}}
+    assert kernel_choice_note(timed, here="Intel Xeon (family 6, model 143)") is None
+    assert "timing on Intel Xeon" in kernel_choice_note(timed, here="AMD EPYC (family 25, model 17)")
+    assert kernel_choice_note({"bits": 8}) is None and kernel_choice_note(None) is None
 
 
 @pytest.mark.parametrize("faster", ["integer", "nbits"])
