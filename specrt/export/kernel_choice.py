@@ -22,6 +22,7 @@ import numpy as np
 
 from ..bundle.machine import cpu_name
 from ..bundle.manifest import Manifest, ModelEntry
+from ..errors import ConfigError
 
 CANDIDATES = ("nbits", "integer")
 VERIFY_ROWS = 4  # eagle-tree's passes on SmolLM2 verify 3-4 rows (2.5 nodes + the root), a chain at γ 3 four
@@ -85,31 +86,43 @@ def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,
                        quantize: Callable[[Path, str], dict],
                        progress: Callable[[str], None] | None = None) -> dict:
     """Quantize ``entry``'s graph with each candidate kernel (``quantize(out, kernel)`` writes one and returns
-    its record), time both (:func:`time_graphs`) and keep the faster as ``tmp / graph``: its record, with the
-    timings under ``kernel_choice``."""
+    its record), time them (:func:`time_graphs`) and keep the faster as ``tmp / graph``: its record, with the
+    timings under ``kernel_choice``. A candidate the graph cannot take (the integer rewrite refuses float16
+    graphs and opsets before 18) is left out, with the reason; then the other is kept untimed."""
     folders = {k: tmp / f".kernel-{k}" for k in CANDIDATES}
     try:
-        records = {}
+        records, refused = {}, {}
         for kernel, folder in folders.items():
             folder.mkdir()
             if progress:
                 progress(f"target: int8 on {'MatMulNBits' if kernel == 'nbits' else 'the integer kernel'} "
                          "(--kernel auto: timing both)")
-            records[kernel] = quantize(folder / graph, kernel)
-        if progress:
-            progress(f"target: timing both int8 graphs at 1 and {rows} rows")
-        timing = time_graphs(folders, entry, rows)
-        chosen = timing.chosen
+            try:
+                records[kernel] = quantize(folder / graph, kernel)
+            except ConfigError as e:
+                if kernel == "nbits":  # the default format's own refusal is the user's to see
+                    raise
+                refused[kernel] = str(e)
+        if refused:
+            chosen, choice = "nbits", {"chosen": "nbits", "refused": refused}
+        else:
+            if progress:
+                progress(f"target: timing both int8 graphs at 1 and {rows} rows")
+            timing = time_graphs({k: folders[k] for k in records}, entry, rows)
+            chosen, choice = timing.chosen, {**timing.record(), "cpu": cpu_name()}
         for item in folders[chosen].iterdir():  # the graph and, past 2 GB, its external data
             shutil.move(str(item), str(tmp / item.name))
-        return {**records[chosen], "kernel": chosen, "kernel_choice": {**timing.record(), "cpu": cpu_name()}}
+        return {**records[chosen], "kernel": chosen, "kernel_choice": choice}
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def describe_choice(choice: dict) -> str:
-    """One line: what ``auto`` chose and the times it chose by."""
+    """One line: what ``auto`` chose and the times it chose by (or why there was nothing to time)."""
+    if "ms" not in choice:
+        why = "; ".join(f"{k}: {reason.split(' (')[0]}" for k, reason in choice.get("refused", {}).items())
+        return f"--kernel auto kept {choice['chosen']}, the only format this graph takes ({why})"
     rows = choice["rows"]
     times = ", ".join(f"{k} {t['1']:.2f}" + (f"/{t[str(rows)]:.2f}" if rows != 1 else "")
                       for k, t in choice["ms"].items())

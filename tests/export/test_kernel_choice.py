@@ -107,3 +107,22 @@ def test_auto_on_int4_is_nbits_without_timing(close_bundle, tmp_path, monkeypatc
     m = quantize_bundle(close_bundle, tmp_path / "q4", QuantizeOptions(bits=4, draft_bits=8, kernel="auto"))
     assert "kernel_choice" not in m.target.quantization
     assert "MatMulNBits" in _ops(tmp_path / "q4", m.draft)  # auto without a timed target: the default format
+
+
+def test_a_graph_the_integer_kernel_refuses_keeps_nbits_untimed(close_bundle, tmp_path, monkeypatch):
+    import specrt.export.integer_matmul as im
+    from specrt.errors import ConfigError
+
+    def refuse(model, path, *args):
+        raise ConfigError(f"{path.name} is float16: --kernel integer rewrites float32 graphs (export with --dtype fp32)")
+
+    monkeypatch.setattr(im, "integer_graph", refuse)
+    monkeypatch.setattr(kc, "time_graphs", lambda *a: pytest.fail("one candidate left: nothing to time"))
+    out = tmp_path / "kept"
+    m = quantize_bundle(close_bundle, out, QuantizeOptions(bits=8, kernel="auto"))
+    choice = m.target.quantization["kernel_choice"]
+    assert choice["chosen"] == m.target.quantization["kernel"] == "nbits" and "float16" in choice["refused"]["integer"]
+    assert all("MatMulNBits" in _ops(out, e) for e in m.models.values())
+    assert "kept nbits, the only format this graph takes (integer: target.onnx is float16" in describe(m)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    assert kernel_choice_note(m.target.quantization, here="another CPU") is None  # nothing was timed
