@@ -85,6 +85,7 @@ table("smollm2-int8-integer-xeon-cpu", "smollm2-int8-integer-xeon-cpu.json")(sid
 table("smollm2-side-by-side-integer-xeon-cpu", "smollm2-side-by-side-integer-xeon-cpu.json")(side_by_side)
 table("llama-1b-int8-integer-xeon-cpu", "llama-1b-int8-integer-xeon-cpu.json")(side_by_side)
 table("smollm2-int8-kernels-zen4-cpu", "smollm2-int8-kernels-zen4-cpu.json")(side_by_side)
+table("llama-1b-int8-kernels-zen4-cpu", "llama-1b-int8-kernels-zen4-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-cpu", "demo-int4-side-by-side-cpu.json")(side_by_side)
 table("demo-int4-none-vs-genai-cpu", "demo-int4-none-vs-genai-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-xeon-cpu", "demo-int4-side-by-side-xeon-cpu.json")(side_by_side)
@@ -188,6 +189,7 @@ table("verify-cost-integer-xeon-cpu", "verify-cost-integer-xeon-cpu.json")(verif
 table("verify-cost-integer-kernel-xeon-cpu", "verify-cost-integer-kernel-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-kernel-1b-xeon-cpu", "verify-cost-integer-kernel-1b-xeon-cpu.json")(verify_cost)
 table("verify-cost-integer-kernel-zen4-cpu", "verify-cost-integer-kernel-zen4-cpu.json")(verify_cost)
+table("verify-cost-integer-kernel-1b-zen4-cpu", "verify-cost-integer-kernel-1b-zen4-cpu.json")(verify_cost)
 
 
 @table("eagle-tree-depth-cpu", "eagle-tree-depth-cpu.json")
