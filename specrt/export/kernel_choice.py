@@ -37,6 +37,7 @@ class KernelTiming:
 
     rows: int  # the row count the choice weighs
     ms: dict[str, dict[int, float]]
+    together: bool = True  # both sessions loaded at once (else one at a time: too large for two)
 
     @property
     def chosen(self) -> str:
@@ -45,7 +46,8 @@ class KernelTiming:
     def record(self) -> dict:
         return {"chosen": self.chosen, "rows": self.rows, "context": CONTEXT,
                 "ms": {k: {str(r): round(v, 3) for r, v in t.items()} for k, t in self.ms.items()},
-                "measure": "median engine ms of one target pass on this machine, both graphs alternating"}
+                "measure": "median engine ms of one target pass on this machine, both graphs alternating"
+                + ("" if self.together else ", each loaded afresh per block")}
 
 
 def decisive_rows(manifest: Manifest) -> int:
@@ -57,21 +59,20 @@ def decisive_rows(manifest: Manifest) -> int:
 def time_graphs(folders: dict[str, Path], entry: ModelEntry, rows: int) -> KernelTiming:
     """Time one pass of ``entry``'s graph in each of ``folders`` (kernel -> folder) at 1 and ``rows`` rows over
     :data:`CONTEXT` cached positions, the candidates taking turns in blocks so that a slow spell of the machine
-    lands on both alike."""
-    from ..runtime.backends.onnxruntime import OrtDecoder
-    from ..runtime.masks import causal_mask
+    lands on both alike. Both sessions stay loaded when twice their bytes fit in the memory available; else each
+    block loads its candidate afresh (a large model: slower to time, never two copies in memory)."""
+    from ..bundle import contract as C
+    from ..runtime.backends.onnxruntime import available_memory
 
     counts = sorted({1, rows})
-    runs = {}
-    for kernel, folder in folders.items():
-        decoder = OrtDecoder(folder, entry, threads=None)
-        cache = decoder.new_cache(CONTEXT + max(counts))
-        decoder.forward(cache, np.ones(CONTEXT, np.int64), np.arange(CONTEXT), causal_mask(CONTEXT, 0))
-        cache.advance(CONTEXT)
-        runs[kernel] = decoder, cache
+    total = sum(C.graph_bytes(folder / entry.file) for folder in folders.values())
+    free = available_memory()
+    together = free is None or 2 * total < free
+    loaded = {k: _loaded(folder, entry, counts) for k, folder in folders.items()} if together else {}
     times: dict[str, dict[int, list[float]]] = {k: {r: [] for r in counts} for k in folders}
     for _ in range(BLOCKS):
-        for kernel, (decoder, cache) in runs.items():
+        for kernel, folder in folders.items():
+            decoder, cache = loaded[kernel] if together else _loaded(folder, entry, counts)
             for r in counts:
                 args = (np.ones(r, np.int64), np.arange(CONTEXT, CONTEXT + r), np.ones((1, 1, r, CONTEXT + r), bool))
                 for i in range(PASSES + 1):
@@ -79,7 +80,21 @@ def time_graphs(folders: dict[str, Path], entry: ModelEntry, rows: int) -> Kerne
                     decoder.forward(cache, *args)
                     if i:  # the block's first pass warms what the other graph's passes evicted
                         times[kernel][r].append(time.perf_counter() - t0)
-    return KernelTiming(rows, {k: {r: 1e3 * statistics.median(v) for r, v in t.items()} for k, t in times.items()})
+            del decoder, cache
+    return KernelTiming(rows, {k: {r: 1e3 * statistics.median(v) for r, v in t.items()} for k, t in times.items()},
+                        together)
+
+
+def _loaded(folder: Path, entry: ModelEntry, counts: list[int]):
+    """A session of ``folder``'s graph and a cache holding :data:`CONTEXT` positions, room for the widest pass."""
+    from ..runtime.backends.onnxruntime import OrtDecoder
+    from ..runtime.masks import causal_mask
+
+    decoder = OrtDecoder(folder, entry, threads=None)
+    cache = decoder.new_cache(CONTEXT + max(counts))
+    decoder.forward(cache, np.ones(CONTEXT, np.int64), np.arange(CONTEXT), causal_mask(CONTEXT, 0))
+    cache.advance(CONTEXT)
+    return decoder, cache
 
 
 def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,

@@ -126,3 +126,18 @@ def test_a_graph_the_integer_kernel_refuses_keeps_nbits_untimed(close_bundle, tm
     assert "kept nbits, the only format this graph takes (integer: target.onnx is float16" in describe(m)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
     assert kernel_choice_note(m.target.quantization, here="another CPU") is None  # nothing was timed
+
+
+def test_graphs_too_large_for_two_are_timed_one_at_a_time(close_bundle, tmp_path, monkeypatch):
+    import specrt.runtime.backends.onnxruntime as ort_backend
+
+    made = []
+    real = kc._loaded
+    monkeypatch.setattr(ort_backend, "available_memory", lambda: 1)  # nothing to spare: never two sessions
+    monkeypatch.setattr(kc, "_loaded", lambda *a: made.append(a[0].name) or real(*a))
+    m = quantize_bundle(close_bundle, tmp_path / "seq", QuantizeOptions(bits=8, kernel="auto"))
+    choice = m.target.quantization["kernel_choice"]
+    assert made == [".kernel-nbits", ".kernel-integer"] * kc.BLOCKS  # each block loads its candidate afresh
+    assert choice["measure"].endswith("each loaded afresh per block")
+    times = {k: t[str(choice["rows"])] for k, t in choice["ms"].items()}
+    assert choice["chosen"] == min(times, key=times.get)
