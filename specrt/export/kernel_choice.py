@@ -97,11 +97,11 @@ def _loaded(folder: Path, entry: ModelEntry, counts: list[int]):
     return decoder, cache
 
 
-def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,
+def quantize_by_timing(entry: ModelEntry, tmp: Path, rows: int,
                        quantize: Callable[[Path, str], dict],
                        progress: Callable[[str], None] | None = None) -> dict:
     """Quantize ``entry``'s graph with each candidate kernel (``quantize(out, kernel)`` writes one and returns
-    its record), time them (:func:`time_graphs`) and keep the faster as ``tmp / graph``: its record, with the
+    its record), time them (:func:`time_graphs`) and keep the faster as ``tmp / entry.file``: its record, with the
     timings under ``kernel_choice``. A candidate the graph cannot take (the integer rewrite refuses float16
     graphs and opsets before 18) is left out, with the reason; then the other is kept untimed."""
     folders = {k: tmp / f".kernel-{k}" for k in CANDIDATES}
@@ -113,7 +113,7 @@ def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,
                 progress(f"target: int8 on {'MatMulNBits' if kernel == 'nbits' else 'the integer kernel'} "
                          "(--kernel auto: timing both)")
             try:
-                records[kernel] = quantize(folder / graph, kernel)
+                records[kernel] = quantize(folder / entry.file, kernel)
             except ConfigError as e:
                 if kernel == "nbits":  # the default format's own refusal is the user's to see
                     raise
@@ -123,7 +123,7 @@ def quantize_by_timing(graph: str, entry: ModelEntry, tmp: Path, rows: int,
         else:
             if progress:
                 progress(f"target: timing both int8 graphs at 1 and {rows} rows")
-            timing = time_graphs({k: folders[k] for k in records}, entry, rows)
+            timing = time_graphs(folders, entry, rows)  # nothing refused: both were written
             chosen, choice = timing.chosen, {**timing.record(), "cpu": cpu_name()}
         for item in folders[chosen].iterdir():  # the graph and, past 2 GB, its external data
             shutil.move(str(item), str(tmp / item.name))

@@ -380,7 +380,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
                 if timed:
                     from .kernel_choice import decisive_rows, quantize_by_timing
 
-                    record = quantize_by_timing(entry.file, entry, tmp, decisive_rows(manifest), write, progress)
+                    record = quantize_by_timing(entry, tmp, decisive_rows(manifest), write, progress)
                     kernel = record["kernel"]
                 else:
                     record = write(tmp / entry.file, kernel)
