@@ -5,7 +5,6 @@ over the draft vocabulary, computed once and reused every epoch (and on resume).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -19,12 +18,21 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
+from .eagle_generate import (  # noqa: F401  (sample_rows: tests read it here)
+    _continue,
+    _Seq,
+    _teacher_forced,
+    check_logits_are_lm_head,
+    sample_rows,
+)
+from .precision import generating
 from .progress import PhaseProgress
 
 if TYPE_CHECKING:
     from .eagle_train import EagleTrainConfig
 
-_GEN_BATCH = 128  # rows sampled together (prompts of unequal length left-padded; ~250 tokens/s on SmolLM2-135M, 2 cores)
+_GEN_BATCH = 128  # rows sampled together (prompts of unequal length left-padded; SmolLM2-135M, 2 Zen 4 cores:
+# 339 tokens/s in bfloat16, 176 in float32)
 _MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
 
 # progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
@@ -91,179 +99,6 @@ def _encode_prompt(tok: Any, prompt: str, chat: bool) -> list[int]:
     if bos is not None and tok("x").input_ids[:1] == [bos] and ids[:1] != [bos]:
         ids = [bos] + ids
     return ids
-
-
-def _forward_kwargs(model: Any, cache: Any) -> dict:
-    """transformers renamed past_key_values to cache (5.2x) and num_logits_to_keep to logits_to_keep."""
-    params = inspect.signature(model.forward).parameters
-    kwargs = {"cache" if "cache" in params else "past_key_values": cache, "use_cache": True}
-    if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = 1
-    return kwargs
-
-
-def sample_rows(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One id per row of ``probs`` [n, V] by inverse CDF: one uniform draw a row. ``torch.multinomial``
-    draws an exponential per vocabulary entry (~18 % of generating on a 49k vocabulary, 2 cores)."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand(len(probs), 1, generator=gen, dtype=torch.float64) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(probs.shape[-1] - 1)
-
-
-def _grown_in_place(model: Any, capacity: int) -> Any:
-    """A DynamicCache whose full-attention layers write into buffers of ``capacity`` positions, allocated
-    once, where DynamicLayer concatenates a new tensor every step (~11 % of generating at 192 tokens)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    class Preallocated(DynamicLayer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.length = 0
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            self.device = key_states.device
-            b, h, _, d = key_states.shape
-            self.k_buf = key_states.new_empty(b, h, capacity, d)
-            self.v_buf = value_states.new_empty(b, h, capacity, value_states.shape[-1])
-            self.is_initialized = True
-
-        def _view(self) -> None:
-            self.keys, self.values = self.k_buf[:, :, :self.length], self.v_buf[:, :, :self.length]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            end = self.length + key_states.shape[-2]
-            self.k_buf[:, :, self.length:end], self.v_buf[:, :, self.length:end] = key_states, value_states
-            self.length = end
-            self._view()
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.is_initialized:
-                self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
-                self._view()
-
-    cache = DynamicCache(config=model.config)
-    # sliding-window and other special layers keep transformers' own class
-    cache.layers = [Preallocated() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
-
-
-@dataclass
-class _Seq:
-    """One sequence as the target saw it, before the draft vocabulary is known."""
-
-    tokens: list[int]
-    start: int  # the first scored target position
-    taps: torch.Tensor  # [len, 3·H_t] fp16
-    final: torch.Tensor  # [len, H_t] fp32: the target's last hidden state, its LM head's input
-    top1: torch.Tensor  # [len] int32: the target's argmax over the full vocabulary
-
-
-def _states(out: Any, taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(taps fp16 [B, T, 3·H_t], final fp32 [B, T, H_t]) from an output_hidden_states forward. The last of
-    HF's hidden_states is after the final norm: what the LM head reads."""
-    return torch.cat([out.hidden_states[i] for i in taps], dim=-1).half(), out.hidden_states[-1].float()
-
-
-@torch.no_grad()
-def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperature: float, end_ids: list[int],
-              gen: torch.Generator, taps: Sequence[int]) -> list[_Seq]:
-    """One continuation of each of ``prompts`` (one row each; repeat a prompt for several), each up to
-    ``max_len`` tokens in all and cut after its first end id, with the target's taps, last hidden state and
-    argmax at every position, from the generating passes themselves (as the runtime's incremental passes
-    compute them): no second forward over the data.
-
-    Rows of different lengths are left-padded, with the padding masked out and each row's positions
-    counted from its own first token, so a row sees what it would alone (up to the float rounding of
-    batched kernels); a row that ends leaves the batch (and its KV cache), so the rest run no wider."""
-    n, lengths = len(prompts), torch.tensor([len(q) for q in prompts])
-    width = int(lengths.max())
-    pad = width - lengths  # [n]: left padding of each row
-    quota = (max_len - lengths).clamp_min(0)  # new tokens each row may add
-    cache = _grown_in_place(model, width + int(quota.max()))
-    kwargs = {**_forward_kwargs(model, cache), "output_hidden_states": True}
-    ids = torch.tensor([[0] * (width - len(q)) + list(q) for q in prompts])
-    mask = (torch.arange(width)[None] >= pad[:, None]).long()
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-    tap_now, final_now = _states(out, taps)
-    cols = width + int(quota.max())
-    tap_all = torch.zeros(n, cols, tap_now.shape[-1], dtype=tap_now.dtype)
-    final_all = torch.zeros(n, cols, final_now.shape[-1])
-    top1_all = torch.zeros(n, cols, dtype=torch.int32)  # prompt positions but the last are never scored
-    tap_all[:, :width], final_all[:, :width] = tap_now, final_now
-    top1_all[:, width - 1] = out.logits[:, -1].argmax(-1)
-    new = torch.full((n, max(1, int(quota.max()))), -1, dtype=torch.long)
-    ends = torch.tensor(end_ids or [-1])
-    rows = torch.arange(n)  # the batch's rows, in cache order
-    logits = out.logits[:, -1].float()
-    done = quota <= 0
-    step = 0
-
-    def keep(which: torch.Tensor) -> None:
-        nonlocal rows, logits, mask, positions
-        if not bool(which.all()):
-            cache.batch_select_indices(torch.nonzero(which)[:, 0])
-            rows, logits, mask, positions = rows[which], logits[which], mask[which], positions[which]
-
-    while True:
-        keep(~done[rows])
-        if not len(rows):
-            break
-        if temperature == 0:
-            nxt = logits.argmax(-1)
-        else:
-            nxt = sample_rows(torch.softmax(logits / temperature, -1), gen)
-        new[rows, step] = nxt
-        step += 1
-        ended = torch.isin(nxt, ends)
-        done[rows] |= ended | (step >= quota[rows])
-        keep(~ended)  # the states at an end id are never read; at a row's last token by quota, they are
-        if not len(rows):
-            break
-        nxt = nxt[~ended]
-        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
-        positions = positions[:, -1:] + 1
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, **kwargs)
-        tap_now, final_now = _states(out, taps)
-        col = width + step - 1
-        tap_all[rows, col], final_all[rows, col] = tap_now[:, -1], final_now[:, -1]
-        top1_all[rows, col] = out.logits[:, -1].argmax(-1).int()
-        logits = out.logits[:, -1].float()
-    result = []
-    for r, prompt in enumerate(prompts):
-        row = [x for x in new[r].tolist() if x >= 0]
-        m, lo = len(prompt) + len(row), int(pad[r])
-        result.append(_Seq(list(prompt) + row, len(prompt) - 1, tap_all[r, lo:lo + m].clone(),
-                           final_all[r, lo:lo + m].clone(), top1_all[r, lo:lo + m].clone()))
-    return result
-
-
-@torch.no_grad()
-def _teacher_forced(model: Any, windows: list[list[int]], taps: Sequence[int], batch_size: int,
-                    progress: Progress | None = None, done: int = 0, total: int = 0) -> list[_Seq]:
-    """Text windows as they are: one forward each (right-padded in batches: a causal target's real positions
-    never see the padding). ``progress("text", done + windows so far, total)`` after each batch: on a CPU
-    a 135M target reads ~400 tokens/s, so half a million tokens of text take about 20 minutes."""
-    result = []
-    for lo in range(0, len(windows), batch_size):
-        group = windows[lo:lo + batch_size]
-        m = max(len(w) for w in group)
-        ids = torch.tensor([w + [0] * (m - len(w)) for w in group])
-        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        tap_all, final_all = _states(out, taps)
-        top1 = out.logits.argmax(-1).int()
-        result += [_Seq(w, 1, tap_all[i, :len(w)], final_all[i, :len(w)], top1[i, :len(w)])
-                   for i, w in enumerate(group)]
-        if progress:
-            progress("text", done + lo + len(group), total, None)
-    return result
 
 
 def read_documents(data_files: Sequence[str | os.PathLike], data_format: str) -> list[str]:
@@ -393,24 +228,9 @@ def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, se
             logits = F.linear(q.final[lo:hi], weight, bias)
             top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
             c.logp[i, lo:hi], c.ids[i, lo:hi] = top.values.half(), top.indices.int()
-        if i == 0:
-            _check_lm_head(q, lm_head)
         seqs[i] = None  # consumed: its fp32 states are freed as the cache fills
         progress("cache", done + i + 1, total, None)
     return c
-
-
-def _check_lm_head(q: _Seq, lm_head: torch.nn.Module) -> None:
-    """The cache's logits come from the LM head on the last hidden state; refuse a target where that is not
-    its argmax (a logit scale or soft-cap between the two)."""
-    lo, hi = max(1, q.start), len(q.tokens) - 1
-    if hi <= lo:
-        return
-    logits = lm_head(q.final[lo:hi].to(lm_head.weight.dtype)).float()
-    best = logits.gather(-1, q.top1[lo:hi, None].long())[:, 0]
-    if not bool((best >= logits.max(-1).values - 1e-3).all()):
-        raise ConfigError("this target's logits are not its LM head applied to its last hidden state; "
-                          "eagle train cannot restrict them to a draft vocabulary")
 
 
 def scored_rows(c: SequenceCache) -> torch.Tensor:
@@ -464,17 +284,23 @@ def vocab_coverage(sequences: Sequence[tuple[Sequence[int], int]], t2d: torch.Te
 
 def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
           prompts: Sequence[str], docs: Sequence[str], end_ids: list[int], taps: Sequence[int],
-          report: Progress, vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+          report: Progress, vocab: tuple[torch.Tensor, torch.Tensor] | None = None, compute: str = "float32"
+          ) -> dict:
     """The run's cache: read back when resuming, else generated, cached and saved (atomically) at ``path``.
-    ``vocab``: (d2t, t2d) to keep (a warm start's head's), else chosen from the training data."""
+    ``vocab``: (d2t, t2d) to keep (a warm start's head's), else chosen from the training data. ``compute``:
+    the target's decoder's precision while it generates (``generating``)."""
     if resume and path.is_file():
         cached = torch.load(path, weights_only=True)
         if cached["fingerprint"] != fingerprint:
             raise ConfigError(f"{path.parent} holds a cache of another target, data or data settings; train "
                               "without resume to start over")
         return cached
+    sample = next(iter(prompts), None) or next(iter(docs), None)
+    if sample:
+        check_logits_are_lm_head(model, _encode_prompt(tok, sample, cfg.chat_template))
     t0 = time.perf_counter()
-    train_seqs, held_seqs, info = _build_sequences(model, tok, cfg, prompts, docs, end_ids, taps, report)
+    train_seqs, held_seqs, info = _build_sequences(generating(model, compute), tok, cfg, prompts, docs, end_ids,
+                                                   taps, report)
     times = {"generate": time.perf_counter() - t0}
     predicted = [(q.tokens, q.start) for q in train_seqs]
     if vocab is None:

@@ -47,6 +47,7 @@ from .eagle_data import (
 )
 from .eagle_init import head_config, init_head, new_head, saved_copy
 from .gguf import find_gguf, stage_reused
+from .precision import COMPUTES, compute_context, resolve_compute
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
@@ -54,7 +55,7 @@ WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoi
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
 # Fields that change neither the data nor the optimisation: a resumed run may set them differently.
-_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype")
+_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute")
 
 
 
@@ -97,6 +98,8 @@ class EagleTrainConfig:
     dtype: str = "float16"  # the saved head's float weights; held-out acceptance is measured with them
     keep_checkpoint: bool = False  # keep out_dir/.train (cache + checkpoint) after a finished run
     init: str | None = None  # a head to start from (warm start): its weights and draft vocabulary are kept
+    compute: str = "auto"  # matmul precision of generating and training (autocast); auto: bfloat16 where the
+    # CPU has it natively (AVX-512 BF16, AMX), else float32. Held-out acceptance is always measured in float32
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -121,6 +124,8 @@ class EagleTrainConfig:
             raise ConfigError(f"eagle train: data_format must be 'chunks' or 'lines', got {self.data_format!r}")
         if self.init is not None and not (isinstance(self.init, str) and self.init):
             raise ConfigError(f"eagle train: init must be a head folder's path, got {self.init!r}")
+        if self.compute not in COMPUTES:
+            raise ConfigError(f"eagle train: compute must be one of {', '.join(COMPUTES)}, got {self.compute!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"eagle train: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
@@ -328,6 +333,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not all(isinstance(p, str) and p for p in prompts):
         raise ConfigError("eagle train: prompts must be non-empty strings")
     report: Progress = progress or (lambda phase, done, total, loss: None)
+    compute = resolve_compute(cfg.compute)
 
     t_start = time.perf_counter()
     target_config = load_config(str(source))
@@ -349,7 +355,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     with torch.random.fork_rng(devices=[]):
         cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps,
-                               report, None if init is None else init[2:])
+                               report, None if init is None else init[2:], compute)
         d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
         train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
         targets = torch.arange(len(d2t)) + d2t
@@ -382,7 +388,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             head.train()
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(step)
-            _, kls = _step_kls(head, embed, t2d, train.batch(sampler.batch(step)), cfg.ttt_steps)
+            with compute_context(compute):
+                _, kls = _step_kls(head, embed, t2d, train.batch(sampler.batch(step)), cfg.ttt_steps)
             losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
             loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
             value = float(loss.detach())
@@ -421,7 +428,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                  "last": sum(w * v for w, v in zip(weights, history[-1])),
                  "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
         "heldout_init": heldout_init, "heldout": heldout,
-        "resumed_from": start or None,
+        "resumed_from": start or None, "compute": compute,
         "time_s": {**times, "total_this_run": time.perf_counter() - t_start},
         "versions": _versions(),
     }

@@ -28,7 +28,7 @@ PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brow
            "print(i)", "return n"]
 # seconds on 2 cores: 8 prompts, 32-token sequences, batches of 4
 SMALL = EagleTrainConfig(steps=30, lr=3e-3, batch_size=4, seq_len=32, num_sequences=16, draft_vocab=64, topk=16,
-                         checkpoint_every=10, heldout_fraction=0.25)
+                         checkpoint_every=10, heldout_fraction=0.25, compute="float32")
 
 
 @pytest.fixture(scope="module")
@@ -297,19 +297,21 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     torch.testing.assert_close(got[scored], logp[scored], rtol=1e-3, atol=2e-3)
 
 
-def test_sampled_rows_follow_each_rows_distribution():
-    """The generator's sampler (inverse CDF, one uniform a row) draws each row from its own distribution:
-    empirical frequencies of 40,000 draws within 4 standard errors of p, zero-probability ids never drawn,
-    the first and last ids reachable, and a fixed generator seed repeats the draws."""
+@pytest.mark.parametrize("block,scale", [(256, 1.0), (2, 1.0), (2, 7.5)])
+def test_sampled_rows_follow_each_rows_distribution(block, scale):
+    """The generator's sampler (inverse CDF, one uniform a row, over blocks of ids then one block's ids) draws
+    each row from its own distribution, normalised or not: empirical frequencies of 40,000 draws within 4
+    standard errors of p, zero-probability ids never drawn, the first and last ids reachable (the last in a
+    padded block of 2), and a fixed generator seed repeats the draws."""
     p = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.1, 0.0, 0.0, 0.9], [0.25, 0.25, 0.25, 0.0, 0.25]])
     n = 40_000
-    draws = ed.sample_rows(p.repeat(n, 1), torch.Generator().manual_seed(3)).view(n, 3)
+    draws = ed.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
     for row in range(3):
         freq = torch.bincount(draws[:, row], minlength=5).double() / n
         se = (p[row].double() * (1 - p[row].double()) / n).sqrt()
         assert bool((freq - p[row]).abs().le(4 * se + 1e-12).all()), (row, freq, p[row])
         assert bool(freq[p[row] == 0].eq(0).all())
-    again = ed.sample_rows(p.repeat(n, 1), torch.Generator().manual_seed(3)).view(n, 3)
+    again = ed.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
     assert torch.equal(draws, again)
 
 
@@ -332,12 +334,50 @@ def test_prompts_of_unequal_length_batched_together_continue_as_they_would_alone
     assert not any(bool(torch.isnan(q.taps.float()).any()) for q in together)
 
 
+def test_bfloat16_generation_reads_the_targets_states_to_bfloat16_precision(target):
+    """compute bfloat16 generates with a bfloat16 copy of the target (the target itself stays fp32): on the
+    same tokens its taps and last hidden states match the fp32 target's to bfloat16's precision."""
+    from specrt.export.loading import load_causal_lm
+
+    model = load_causal_lm(str(target), "float32")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    (q,) = ed._continue(model, [[0, 70, 71, 72]], 20, 0.0, [1], torch.Generator(), (1, 2, 3))
+    low = ed.generating(model, "bfloat16")
+    assert low.get_decoder().embed_tokens.weight.dtype == torch.bfloat16
+    (b,) = ed._teacher_forced(low, [q.tokens], (1, 2, 3), 4)
+    (f,) = ed._teacher_forced(model, [q.tokens], (1, 2, 3), 4)
+    torch.testing.assert_close(f.taps.float(), q.taps.float(), rtol=1e-2, atol=2e-3)  # fp32 paths agree
+    torch.testing.assert_close(b.taps.float(), f.taps.float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(b.final, f.final, rtol=0.05, atol=0.05)
+    assert (b.taps.float() - f.taps.float()).abs().max() > 0  # it did run in another precision
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert ed.generating(model, "float32") is model
+
+
+def test_compute_auto_is_bfloat16_only_where_the_cpu_has_it(monkeypatch):
+    from specrt.export import precision
+
+    assert isinstance(precision.native_bf16(), bool)
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        assert precision.resolve_compute("auto") == expected
+        assert precision.resolve_compute("float32") == "float32"
+        assert precision.resolve_compute("bfloat16") == "bfloat16"
+
+
+def test_a_bfloat16_run_trains_and_records_its_compute(target, tmp_path):
+    record = train_eagle(target, tmp_path / "head", replace(SMALL, compute="bfloat16", steps=12), prompts=PROMPTS)
+    assert record["compute"] == "bfloat16" and record["config"]["compute"] == "bfloat16"
+    assert record["heldout"]["kl"] < record["heldout_init"]["kl"]
+    load_eagle3(tmp_path / "head")
+
+
 @pytest.mark.parametrize("bad", [
     {"steps": 0}, {"steps": True}, {"steps": 2.5}, {"lr": 0.0}, {"lr": 1.5}, {"lr": float("nan")},
     {"batch_size": 0}, {"ttt_steps": 0}, {"ttt_steps": 17}, {"seq_len": 5}, {"draft_vocab": 0}, {"seed": -1},
     {"heldout_fraction": 0.0}, {"heldout_fraction": 1.0}, {"checkpoint_every": 0}, {"num_sequences": 0},
     {"temperature": -0.1}, {"topk": 0}, {"loss_decay": 0.0}, {"loss_decay": 1.5}, {"grad_clip": 0.0},
-    {"data_format": "xml"}, {"dtype": "int8"}, {"chat_template": "yes"},
+    {"data_format": "xml"}, {"dtype": "int8"}, {"chat_template": "yes"}, {"compute": "float16"},
 ])
 def test_bad_config_values_raise_a_config_error(bad):
     with pytest.raises(ConfigError):
@@ -524,3 +564,28 @@ def test_progress_without_a_terminal_is_one_line_per_tenth(capsys):
             update("train", i, 100, 1.0)
     err = capsys.readouterr().err
     assert err.count("train:") == 11 and "train: 100/100, loss 1.0000" in err
+
+
+def test_a_target_whose_logits_are_not_its_lm_head_is_refused(target):
+    """The cache's log-probabilities are the LM head on the last hidden state: a target that scales or caps its
+    logits after the head (a stand-in wrapping the tiny llama) is refused before anything is generated."""
+    from specrt.export.loading import load_causal_lm
+
+    model = load_causal_lm(str(target), "float32")
+    ed.check_logits_are_lm_head(model, [0, 70, 71])
+
+    class Capped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def get_output_embeddings(self):
+            return model.get_output_embeddings()
+
+        def forward(self, **kwargs):
+            out = model(**kwargs)
+            out.logits = 3.0 * torch.tanh(out.logits / 3.0)
+            return out
+
+    with pytest.raises(ConfigError, match="not its LM head"):
+        ed.check_logits_are_lm_head(Capped(), [0, 70, 71])
