@@ -2,7 +2,7 @@
 
     python scripts/scale_check.py [--families llama-3.2-1b,qwen3-0.6b,gemma-2-2b,phi-3-mini]
                                   [--dtypes float16,float32] [--work /tmp/specrt-scale]
-                                  [--json benchmarks/scale-check.json] [--tokens 16] [--layers N]
+                                  [--json WORK/scale-check.json] [--tokens 16] [--layers N]
 
 For each family: a target at the real checkpoint's dimensions (vocabulary, widths, depth, rope
 scaling, windows, soft-caps) and a 2-layer draft of the same family and vocabulary, saved in bf16 like
@@ -11,7 +11,9 @@ not a random model's (~1). Each dtype's export runs in its own process, so its w
 RSS are its own; the bundle then decodes greedily with --method none and --method draft, which must
 agree token for token, in another (ONNX Runtime's low-memory session where the default would not fit;
 its peak memory recorded too). A process the kernel kills still leaves its row: its figures up to then
-and the signal. Not in CI (minutes and gigabytes per family); nothing is downloaded.
+and the signal. Not in CI (minutes and gigabytes per family); nothing is downloaded. The figures go to the
+work folder unless --json names benchmarks/scale-check.json: that file's rows stand under
+docs/performance/scale-check.md's date and machine, so only a run meant to replace them should write it.
 """
 
 from __future__ import annotations
@@ -182,11 +184,14 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specrt-scale"))
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/scale-check.json"))
+    ap.add_argument("--json", type=Path, default=None,
+                    help="where the rows go (merged by family and dtype) [default: WORK/scale-check.json]")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--layers", type=int, default=None,
                     help="target depth instead of the checkpoint's (real widths and vocabulary, less time)")
     args = ap.parse_args()
+    args.json = args.json or args.work / "scale-check.json"
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
     for family in args.families.split(","):
         target, draft, params = build(args.work, family, args.layers)
