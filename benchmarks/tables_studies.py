@@ -304,3 +304,30 @@ def greedy_parity(data: dict) -> str:
              ", ".join(map(str, sorted(r["first_difference"]))) or "–"]
             for bundle, methods in data["bundles"].items() for method, r in methods.items()]
     return _md(["bundle", "method", "greedy generations that leave `none`'s tokens", "first different token"], rows)
+
+
+@table("eagle-train-speed-zen4-cpu", "eagle-train-speed-zen4-cpu.json")
+def eagle_train_speed(data: dict) -> str:
+    """benchmarks/eagle_train_speed.py: the target generating and one training step, float32 against bfloat16."""
+    gen, step = data["generate_tokens_per_s"], data["step_s"]
+    cfg = data["config"]
+    return _md(["cost", "float32", "bfloat16", "bfloat16 vs float32"],
+               [[f"generating, {cfg['rows']} rows (tokens/s)", f"{gen['float32']:.0f}", f"{gen['bfloat16']:.0f}",
+                 _x(gen["bfloat16"] / gen["float32"])],
+                [f"one training step, {cfg['batch_size']} × {cfg['seq_len']} tokens, TTT {cfg['ttt_steps']} (s)",
+                 f"{step['float32']:.2f}", f"{step['bfloat16']:.2f}", _x(step["float32"] / step["bfloat16"])]])
+
+
+@table("eagle-train-bf16-smollm2-cpu", "eagle-train-bf16-smollm2-cpu.json")
+def eagle_train_runs(data: dict) -> str:
+    """`specrt eagle train` records (training.json) of one recipe: where and in what precision each ran, its
+    time by phase and the head's held-out greedy acceptance."""
+    rows = []
+    for name, r in data["runs"].items():
+        t, held = r["time_s"], r["heldout"]
+        minutes = (t["generate"] + t["cache"] + t["train"] + t.get("evaluate_init", 0) + t["evaluate"]) / 60
+        rows.append([name, r.get("compute", "float32"), f"{t['generate'] / 60:.0f}", f"{t['train'] / 60:.0f}",
+                     f"{t['train'] / r['config']['steps']:.1f}", f"{minutes:.0f}", f"{held['alpha1']:.3f}",
+                     " / ".join(f"{a:.2f}" for a in held["alpha_by_depth"]), f"{held['tokens_per_pass']:.2f}"])
+    return _md(["run", "compute", "generating (min)", "training (min)", "s / step", "in all (min)",
+                "held-out α, first draft", "by depth", "tokens / pass at depth 3"], rows)
