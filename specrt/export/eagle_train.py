@@ -54,7 +54,8 @@ RECORD_NAME = "training.json"
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed at the end unless kept
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
-# Fields that change neither the data nor the optimisation: a resumed run may set them differently.
+# Fields that change neither the data nor the optimisation (compute: only their rounding): a resumed run may set
+# them differently.
 _RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute")
 
 
