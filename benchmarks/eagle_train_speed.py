@@ -20,10 +20,11 @@ import torch
 
 from specrt.bundle.machine import cpu_name
 from specrt.export.eagle import load_eagle3
-from specrt.export.eagle_data import SequenceCache, _continue, _encode_prompt, generating
+from specrt.export.eagle_data import SequenceCache, _encode_prompt
+from specrt.export.eagle_generate import _continue
 from specrt.export.eagle_train import _step_kls
 from specrt.export.loading import load_causal_lm, load_tokenizer
-from specrt.export.precision import compute_context, native_bf16
+from specrt.export.precision import compute_context, generating, native_bf16
 
 COMPUTES = ("float32", "bfloat16")
 

@@ -272,8 +272,8 @@ def eagle() -> None:
                    "to train it further on new data.")
 @click.option("--compute", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Matmul precision while the target generates and the head trains. auto: bfloat16 where the CPU "
-                   "has it natively (AVX-512 BF16, AMX; generating ran 1.9x faster on a Zen 4), else float32. Held-out acceptance is "
-                   "measured in float32 either way.")
+                   "has it natively (AVX-512 BF16, AMX; generating ran 1.9x faster on a Zen 4), else float32. "
+                   "Held-out acceptance is measured in float32 either way.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str) -> None:

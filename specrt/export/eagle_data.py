@@ -18,13 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
-from .eagle_generate import (  # noqa: F401  (sample_rows: tests read it here)
-    _continue,
-    _Seq,
-    _teacher_forced,
-    check_logits_are_lm_head,
-    sample_rows,
-)
+from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head
 from .precision import generating
 from .progress import PhaseProgress
 

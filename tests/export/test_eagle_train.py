@@ -14,6 +14,7 @@ from support.models import CHAT_TEMPLATE, make_tokenizer, save_model
 
 from specrt.errors import ConfigError, ModelLoadError
 from specrt.export import eagle_data as ed
+from specrt.export import eagle_generate as eg
 from specrt.export import eagle_train as et
 from specrt.export.eagle import Eagle3Config, Eagle3Head, load_eagle3
 from specrt.export.eagle_train import (
@@ -23,6 +24,7 @@ from specrt.export.eagle_train import (
     ttt_forward,
     ttt_mask,
 )
+from specrt.export.precision import generating
 
 PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
            "print(i)", "return n"]
@@ -279,7 +281,7 @@ def test_the_cache_holds_the_targets_own_states_and_draft_log_probs(target):
     model = load_causal_lm(str(target), "float32")
     taps = (1, 2, 3)
     prompt = [0, 70, 71, 72]
-    (q,) = ed._continue(model, [prompt], 20, 0.0, [1], torch.Generator(), taps)
+    (q,) = eg._continue(model, [prompt], 20, 0.0, [1], torch.Generator(), taps)
     with torch.no_grad():
         full = model(input_ids=torch.tensor([q.tokens]), output_hidden_states=True)
     want = torch.cat([full.hidden_states[i] for i in taps], -1)[0]
@@ -305,13 +307,13 @@ def test_sampled_rows_follow_each_rows_distribution(block, scale):
     padded block of 2), and a fixed generator seed repeats the draws."""
     p = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.1, 0.0, 0.0, 0.9], [0.25, 0.25, 0.25, 0.0, 0.25]])
     n = 40_000
-    draws = ed.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
+    draws = eg.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
     for row in range(3):
         freq = torch.bincount(draws[:, row], minlength=5).double() / n
         se = (p[row].double() * (1 - p[row].double()) / n).sqrt()
         assert bool((freq - p[row]).abs().le(4 * se + 1e-12).all()), (row, freq, p[row])
         assert bool(freq[p[row] == 0].eq(0).all())
-    again = ed.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
+    again = eg.sample_rows(scale * p.repeat(n, 1), torch.Generator().manual_seed(3), block).view(n, 3)
     assert torch.equal(draws, again)
 
 
@@ -323,9 +325,9 @@ def test_prompts_of_unequal_length_batched_together_continue_as_they_would_alone
     model = load_causal_lm(str(target), "float32")
     taps = (1, 2, 3)
     prompts = [[0, 70, 71, 72, 73, 74, 75], [0, 90], [0, 100, 101, 102]]
-    together = ed._continue(model, prompts, 14, 0.0, [1], torch.Generator(), taps)
+    together = eg._continue(model, prompts, 14, 0.0, [1], torch.Generator(), taps)
     for prompt, q in zip(prompts, together):
-        (alone,) = ed._continue(model, [prompt], 14, 0.0, [1], torch.Generator(), taps)
+        (alone,) = eg._continue(model, [prompt], 14, 0.0, [1], torch.Generator(), taps)
         assert q.tokens == alone.tokens and q.start == len(prompt) - 1
         assert len(q.tokens) <= 14 and q.tokens[:len(prompt)] == prompt
         torch.testing.assert_close(q.taps.float(), alone.taps.float(), rtol=1e-2, atol=2e-3)
@@ -341,17 +343,17 @@ def test_bfloat16_generation_reads_the_targets_states_to_bfloat16_precision(targ
 
     model = load_causal_lm(str(target), "float32")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    (q,) = ed._continue(model, [[0, 70, 71, 72]], 20, 0.0, [1], torch.Generator(), (1, 2, 3))
-    low = ed.generating(model, "bfloat16")
+    (q,) = eg._continue(model, [[0, 70, 71, 72]], 20, 0.0, [1], torch.Generator(), (1, 2, 3))
+    low = generating(model, "bfloat16")
     assert low.get_decoder().embed_tokens.weight.dtype == torch.bfloat16
-    (b,) = ed._teacher_forced(low, [q.tokens], (1, 2, 3), 4)
-    (f,) = ed._teacher_forced(model, [q.tokens], (1, 2, 3), 4)
+    (b,) = eg._teacher_forced(low, [q.tokens], (1, 2, 3), 4)
+    (f,) = eg._teacher_forced(model, [q.tokens], (1, 2, 3), 4)
     torch.testing.assert_close(f.taps.float(), q.taps.float(), rtol=1e-2, atol=2e-3)  # fp32 paths agree
     torch.testing.assert_close(b.taps.float(), f.taps.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(b.final, f.final, rtol=0.05, atol=0.05)
     assert (b.taps.float() - f.taps.float()).abs().max() > 0  # it did run in another precision
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    assert ed.generating(model, "float32") is model
+    assert generating(model, "float32") is model
 
 
 def test_compute_auto_is_bfloat16_only_where_the_cpu_has_it(monkeypatch):
@@ -572,7 +574,7 @@ def test_a_target_whose_logits_are_not_its_lm_head_is_refused(target):
     from specrt.export.loading import load_causal_lm
 
     model = load_causal_lm(str(target), "float32")
-    ed.check_logits_are_lm_head(model, [0, 70, 71])
+    eg.check_logits_are_lm_head(model, [0, 70, 71])
 
     class Capped(torch.nn.Module):
         def __init__(self) -> None:
@@ -588,4 +590,4 @@ def test_a_target_whose_logits_are_not_its_lm_head_is_refused(target):
             return out
 
     with pytest.raises(ConfigError, match="not its LM head"):
-        ed.check_logits_are_lm_head(Capped(), [0, 70, 71])
+        eg.check_logits_are_lm_head(Capped(), [0, 70, 71])
