@@ -224,6 +224,32 @@ def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: Seque
     return logits, kls
 
 
+def optimizer(head: Eagle3Head, cfg: EagleTrainConfig) -> torch.optim.AdamW:
+    """AdamW as EAGLE-3 trains (betas 0.9/0.95, no weight decay); :func:`train_step` sets its lr each step."""
+    return torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def train_step(head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor, t2d: torch.Tensor,
+               batch: SequenceCache, cfg: EagleTrainConfig, compute: str, step: int) -> list[float]:
+    """One update at ``step``'s learning rate: the unrolled steps' KLs (under ``compute``), their decayed sum,
+    backward, the gradient-norm clip, AdamW. Returns each unrolled step's mean KL."""
+    head.train()
+    for group in opt.param_groups:
+        group["lr"] = cfg.lr_at(step)
+    with compute_context(compute):
+        _, kls = _step_kls(head, embed, t2d, batch, cfg.ttt_steps)
+    losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
+    loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise ConfigError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+    opt.step()
+    return [float(v.detach()) for v in losses]
+
+
 @torch.no_grad()
 def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, data: SequenceCache,
              cfg: EagleTrainConfig, progress: Progress | None = None) -> dict:
@@ -368,7 +394,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             head_cfg, head = init[:2]
         embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
         del model
-        opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        opt = optimizer(head, cfg)
         state = _resume_state(work, fingerprint, cfg) if resume else None
         if state is not None:
             head.load_state_dict(state["head"])
@@ -386,28 +412,15 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         sampler = _Sampler(train.length, cfg.batch_size, cfg.seed)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            head.train()
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr_at(step)
-            with compute_context(compute):
-                _, kls = _step_kls(head, embed, t2d, train.batch(sampler.batch(step)), cfg.ttt_steps)
-            losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
-            loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise ConfigError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-            opt.step()
+            losses = train_step(head, opt, embed, t2d, train.batch(sampler.batch(step)), cfg, compute, step)
             train_s += time.perf_counter() - t0
-            history.append([float(v.detach()) for v in losses])
+            history.append(losses)
             if (step + 1) % cfg.checkpoint_every == 0:
                 save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
                               "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
                               "history": history, "train_s": train_s, "init": heldout_init},
                              work / CHECKPOINT_NAME)
-            report("train", step + 1, cfg.steps, value)
+            report("train", step + 1, cfg.steps, sum(cfg.loss_decay ** s * v for s, v in enumerate(losses)))
 
         t0 = time.perf_counter()
         saved = saved_copy(head, cfg.dtype)

@@ -128,8 +128,8 @@ def test_ttt_forward_equals_the_runtimes_chain():
                 hidden = step.hidden
 
 
-def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
-    """Training runs the LM head on the rows it scores only; the KL sums are those of the full logits."""
+def _tiny_head_and_batch():
+    """A 20-id draft head over a 50-id target and 3 cached sequences of 10 rows (scored from start to stop)."""
     cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                        vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
     torch.manual_seed(0)
@@ -143,6 +143,13 @@ def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
                       logp=logp.values.half(), ids=logp.indices.int(),
                       top1=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32))
     embed, t2d = torch.randn(50, 32, generator=g), torch.rand(50, generator=g) < 0.7
+    return head, embed, t2d, b
+
+
+def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
+    """Training runs the LM head on the rows it scores only; the KL sums are those of the full logits."""
+    head, embed, t2d, b = _tiny_head_and_batch()
+    n, t = b.tokens.shape
     logits, kls = et._step_kls(head, embed, t2d, b, 3, all_rows=True)
     assert logits is not None and [tuple(lg.shape) for lg in logits] == [(n, t, 20)] * 3
     none, sparse = et._step_kls(head, embed, t2d, b, 3)
@@ -150,6 +157,24 @@ def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
     for (a, rows_a), (c, rows_c) in zip(kls, sparse):
         assert rows_a == rows_c > 0
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_a_train_step_lowers_the_loss_and_refuses_a_non_finite_one_before_updating():
+    """The step the training loop and benchmarks/eagle_train_speed.py share: the learning rate of its step
+    (warm-up from near zero), clipped gradients, and nothing applied when the loss is not finite."""
+    head, embed, t2d, b = _tiny_head_and_batch()
+    cfg = EagleTrainConfig(steps=40, lr=1e-2, ttt_steps=3, seq_len=10, compute="float32")
+    opt = et.optimizer(head, cfg)
+    first = et.train_step(head, opt, embed, t2d, b, cfg, "float32", 0)
+    assert len(first) == 3 and opt.param_groups[0]["lr"] == cfg.lr_at(0) < cfg.lr
+    for step in range(1, 30):
+        last = et.train_step(head, opt, embed, t2d, b, cfg, "float32", step)
+    assert last[0] < 0.5 * first[0]
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    b.taps[0, 3, 0] = float("nan")
+    with pytest.raises(ConfigError, match="diverged at step 31"):
+        et.train_step(head, opt, embed, t2d, b, cfg, "float32", 30)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
 
 
 def test_batches_group_similar_lengths_and_depend_on_the_step_alone():
