@@ -325,7 +325,8 @@ def eagle_train_runs(data: dict) -> str:
     rows = []
     for name, r in data["runs"].items():
         t, held = r["time_s"], r["heldout"]
-        minutes = (t["generate"] + t["cache"] + t["train"] + t.get("evaluate_init", 0) + t["evaluate"]) / 60
+        minutes = (t.get("prompts", 0) + t["generate"] + t["cache"] + t["train"] + t.get("evaluate_init", 0)
+                   + t["evaluate"]) / 60
         rows.append([name, r.get("compute", "float32"), f"{t['generate'] / 60:.0f}", f"{t['train'] / 60:.0f}",
                      f"{t['train'] / r['config']['steps']:.1f}", f"{minutes:.0f}", f"{held['alpha1']:.3f}",
                      " / ".join(f"{a:.2f}" for a in held["alpha_by_depth"]), f"{held['tokens_per_pass']:.2f}"])

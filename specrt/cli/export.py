@@ -251,6 +251,11 @@ def eagle() -> None:
                    "replies to the shipped chat, code and prose prompts].")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help="Seed prompts the target continues (JSON list or one per line) [default: the shipped ones].")
+@click.option("--self-prompts", type=int, default=0, show_default=True, metavar="N",
+              help="The target also writes N user messages itself (its chat template cut where a user's message "
+                   "begins, sampled on: Magpie) and answers them: data for a model without seed prompts. Listed "
+                   "in OUTPUT/prompts-written.json. Raise --sequences with it (continuations are spread over all "
+                   "the prompts).")
 @click.option("--steps", type=int, default=1000, show_default=True)
 @click.option("--draft-vocab", type=int, default=16384, show_default=True,
               help="Draft vocabulary: the most frequent target ids in the data (0: the whole vocabulary).")
@@ -276,7 +281,8 @@ def eagle() -> None:
                    "Held-out acceptance is measured in float32 either way.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
-                seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str) -> None:
+                seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str,
+                self_prompts: int) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
     target writes itself (never a download).
 
@@ -288,6 +294,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     Example:
       specrt eagle train ./smollm2 -o head --steps 300 --draft-vocab 8192
       specrt eagle train ./smollm2 -o head2 --init head --prompts more.json --steps 300   # train it further
+      specrt eagle train ./smollm2 -o head3 --self-prompts 3000 --sequences 3000   # prompts it writes itself
       specrt export ./smollm2 --eagle head -o bundle && specrt bench --bundle bundle --methods none,eagle --chat
     """
     from ..measure.bench import read_prompts
@@ -297,7 +304,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
-                           num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute)
+                           num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute,
+                           self_prompts=self_prompts)
     prompts = read_prompts(prompts_file) if prompts_file else None
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,

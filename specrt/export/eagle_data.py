@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
 from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head
+from .eagle_prompts import MESSAGE_TOKENS, with_bos, write_prompts
 from .precision import generating
 from .progress import PhaseProgress
 
@@ -88,11 +89,7 @@ def _encode_prompt(tok: Any, prompt: str, chat: bool) -> list[int]:
         return tok(prompt).input_ids
     text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                    tokenize=False)
-    ids = tok(text, add_special_tokens=False).input_ids
-    bos = tok.bos_token_id
-    if bos is not None and tok("x").input_ids[:1] == [bos] and ids[:1] != [bos]:
-        ids = [bos] + ids
-    return ids
+    return with_bos(tok, tok(text, add_special_tokens=False).input_ids)
 
 
 def read_documents(data_files: Sequence[str | os.PathLike], data_format: str) -> list[str]:
@@ -122,13 +119,18 @@ def _length_batches(rows: list[int], encoded: dict[int, list[int]]) -> list[list
 
 
 def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
-                     end_ids: list[int], taps: Sequence[int], progress: Progress
+                     end_ids: list[int], taps: Sequence[int], progress: Progress, written: Sequence[str] = ()
                      ) -> tuple[list[_Seq], list[_Seq], dict]:
     """Whole prompts and documents are held out, so no held-out sequence shares a prefix with a training one.
     Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation
-    each, the runtime's greedy chain exactly."""
-    groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs]
-    train_groups, held_list = _split(len(groups), cfg.heldout_fraction, cfg.seed)
+    each, the runtime's greedy chain exactly. ``written`` (the target's own prompts) are split apart, so the
+    seed prompts' split is the same with or without them."""
+    groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs] + [("prompt", p) for p in written]
+    train_groups, held_list = _split(len(groups) - len(written), cfg.heldout_fraction, cfg.seed)
+    if written:
+        more = _split(len(written), cfg.heldout_fraction, cfg.seed) if len(written) > 1 else ([0], [])
+        base = len(groups) - len(written)
+        train_groups, held_list = train_groups + [base + i for i in more[0]], held_list + [base + i for i in more[1]]
     held_groups = set(held_list)
     encoded: dict[int, list[int]] = {}
     for i, (kind, text) in enumerate(groups):
@@ -162,11 +164,12 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
     n_text = len(windows[False]) + len(windows[True])
     train += _teacher_forced(model, windows[False], taps, cfg.batch_size, progress, 0, n_text)
     held += _teacher_forced(model, windows[True], taps, cfg.batch_size, progress, len(windows[False]), n_text)
-    skipped = len(prompts) - len(encoded)
+    skipped = len(prompts) + len(written) - len(encoded)
     if not train or not held:
         raise ConfigError("eagle train: no training or no held-out sequences remain (prompts that leave no room "
                           f"in seq_len {cfg.seq_len} are skipped: {skipped} were)")
-    info = {"prompts": len(prompts), "documents": len(docs), "prompts_skipped": skipped,
+    info = {"prompts": len(prompts) + len(written), "prompts_written": len(written), "documents": len(docs),
+            "prompts_skipped": skipped,
             "prompts_train": len(train_prompts), "prompts_heldout": sum(1 for i in held_list if i in encoded),
             "documents_heldout": sum(1 for i in held_list if groups[i][0] == "doc"),
             "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt}
@@ -265,7 +268,7 @@ def data_fingerprint(source: str, cfg: EagleTrainConfig, prompts: Sequence[str],
         h.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     data_fields = {k: v for k, v in asdict(cfg).items()
                    if k in ("seq_len", "draft_vocab", "seed", "heldout_fraction", "num_sequences", "temperature",
-                            "topk", "chat_template", "data_format")}
+                            "topk", "chat_template", "data_format", "self_prompts")}
     h.update(json.dumps([data_fields, list(prompts), list(docs)]).encode())
     return h.hexdigest()
 
@@ -289,13 +292,16 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
             raise ConfigError(f"{path.parent} holds a cache of another target, data or data settings; train "
                               "without resume to start over")
         return cached
-    sample = next(iter(prompts), None) or next(iter(docs), None)
-    if sample:
-        check_logits_are_lm_head(model, _encode_prompt(tok, sample, cfg.chat_template))
+    sample = next(iter(prompts), None) or next(iter(docs), None) or "Hello"
+    check_logits_are_lm_head(model, _encode_prompt(tok, sample, cfg.chat_template))
     t0 = time.perf_counter()
-    train_seqs, held_seqs, info = _build_sequences(generating(model, compute), tok, cfg, prompts, docs, end_ids,
-                                                   taps, report)
-    times = {"generate": time.perf_counter() - t0}
+    writer = generating(model, compute)
+    written = write_prompts(writer, tok, cfg.self_prompts, end_ids, torch.Generator().manual_seed(cfg.seed), taps,
+                            exclude=prompts, batch=_GEN_BATCH, max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
+                            progress=report) if cfg.self_prompts else []  # half the sequence left for a reply
+    times = {"prompts": time.perf_counter() - t0}
+    train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written)
+    times["generate"] = time.perf_counter() - t0 - times["prompts"]
     predicted = [(q.tokens, q.start) for q in train_seqs]
     if vocab is None:
         d2t, t2d, coverage = choose_draft_vocab(predicted, model.config.vocab_size, cfg.draft_vocab, end_ids)
@@ -310,6 +316,37 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     times["cache"] = time.perf_counter() - t0
     info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
     cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
-              "info": info, "times": times}
+              "info": info, "times": times, "written": written}
     save_atomic(cached, path)
     return cached
+
+
+class BatchSampler:
+    """Batches as a pure function of the step, so a resumed run draws exactly the batches the uninterrupted
+    one would. Epoch e takes the training sequences in a permutation seeded by (seed, e) (the remainder past
+    whole batches waits for another epoch), sorts each window of ``WINDOW`` batches' worth by length, so a
+    batch pads little (transformers' ``group_by_length``), and visits its batches in a second seeded order."""
+
+    WINDOW = 16
+
+    def __init__(self, lengths: torch.Tensor, batch_size: int, seed: int) -> None:
+        self.lengths, self.batch_size, self.seed = lengths.tolist(), batch_size, seed
+        self.per_epoch = max(1, len(self.lengths) // batch_size)
+        self._epochs: dict[int, list[list[int]]] = {}
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._epochs:
+            n, size = len(self.lengths), self.batch_size
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)
+            order = torch.randperm(n, generator=g).tolist()
+            order = (order * -(-size // n))[:size] if n < size else order[:self.per_epoch * size]
+            width = self.WINDOW * size
+            grouped = [i for lo in range(0, len(order), width)
+                       for i in sorted(order[lo:lo + width], key=lambda i: self.lengths[i])]
+            batches = [grouped[k * size:(k + 1) * size] for k in range(self.per_epoch)]
+            self._epochs = {epoch: [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]}
+        return self._epochs[epoch]
+
+    def batch(self, step: int) -> list[int]:
+        epoch, k = divmod(step, self.per_epoch)
+        return self._epoch(epoch)[k]

@@ -36,6 +36,7 @@ from .eagle import (
     tap_layers,
 )
 from .eagle_data import (
+    BatchSampler,
     Progress,
     SequenceCache,
     data_fingerprint,
@@ -46,11 +47,13 @@ from .eagle_data import (
     target_end_ids,
 )
 from .eagle_init import head_config, init_head, new_head, saved_copy
+from .eagle_prompts import user_turn
 from .gguf import find_gguf, stage_reused
 from .precision import COMPUTES, compute_context, resolve_compute
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
+WRITTEN_NAME = "prompts-written.json"  # --self-prompts' prompts
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed at the end unless kept
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -90,6 +93,7 @@ class EagleTrainConfig:
     checkpoint_every: int = 100  # steps between resumable checkpoints
     num_sequences: int = 1000  # continuations generated from the training prompts in all (one each if greedy)
     temperature: float = 0.7  # of the training continuations; 0: greedy. Held-out ones are always greedy
+    self_prompts: int = 0  # user messages the target writes itself (eagle_prompts), added to the seed prompts
     topk: int = 64  # target log-probabilities kept per position (the rest of its mass is one bucket)
     chat_template: bool = True  # wrap seed prompts in the tokenizer's chat template when it has one
     data_format: str = "chunks"  # data files: "chunks" (each file one document) or "lines" (one per line)
@@ -114,6 +118,7 @@ class EagleTrainConfig:
         _real("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
         _int("checkpoint_every", self.checkpoint_every, 1)
         _int("num_sequences", self.num_sequences, 1)
+        _int("self_prompts", self.self_prompts, 0)
         _real("temperature", self.temperature, 0.0, 100.0, low_open=False, high_open=False)
         _int("topk", self.topk, 1)
         _real("loss_decay", self.loss_decay, 0.0, 1.0, low_open=True, high_open=False)
@@ -366,6 +371,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     target_config = load_config(str(source))
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
+    if cfg.self_prompts:
+        user_turn(tok)  # a tokenizer without a chat template is refused before any work
     docs = read_documents(data_files, cfg.data_format)
     init = init_head(cfg.init, target_config) if cfg.init else None
     fingerprint = data_fingerprint(str(source), cfg, prompts, docs, None if init is None else init[2])
@@ -409,7 +416,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if start:
             report("train", start, cfg.steps, None)
 
-        sampler = _Sampler(train.length, cfg.batch_size, cfg.seed)
+        sampler = BatchSampler(train.length, cfg.batch_size, cfg.seed)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             losses = train_step(head, opt, embed, t2d, train.batch(sampler.batch(step)), cfg, compute, step)
@@ -447,6 +454,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         "versions": _versions(),
     }
     save_eagle3(out, head_cfg, head, d2t, t2d, dtype=cfg.dtype)
+    if cached.get("written"):  # the prompts the target wrote itself, to read what the head trained on
+        (out / WRITTEN_NAME).write_text(json.dumps(cached["written"], indent=0, ensure_ascii=False) + "\n")
     tmp = out / (RECORD_NAME + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
     os.replace(tmp, out / RECORD_NAME)
@@ -466,34 +475,3 @@ def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict |
         raise ConfigError(f"{path} was written by a run with other data or settings; train without resume "
                           f"to start over{reuse}")
     return state
-
-
-class _Sampler:
-    """Batches as a pure function of the step, so a resumed run draws exactly the batches the uninterrupted
-    one would. Epoch e takes the training sequences in a permutation seeded by (seed, e) (the remainder past
-    whole batches waits for another epoch), sorts each window of ``WINDOW`` batches' worth by length, so a
-    batch pads little (transformers' ``group_by_length``), and visits its batches in a second seeded order."""
-
-    WINDOW = 16
-
-    def __init__(self, lengths: torch.Tensor, batch_size: int, seed: int) -> None:
-        self.lengths, self.batch_size, self.seed = lengths.tolist(), batch_size, seed
-        self.per_epoch = max(1, len(self.lengths) // batch_size)
-        self._epochs: dict[int, list[list[int]]] = {}
-
-    def _epoch(self, epoch: int) -> list[list[int]]:
-        if epoch not in self._epochs:
-            n, size = len(self.lengths), self.batch_size
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)
-            order = torch.randperm(n, generator=g).tolist()
-            order = (order * -(-size // n))[:size] if n < size else order[:self.per_epoch * size]
-            width = self.WINDOW * size
-            grouped = [i for lo in range(0, len(order), width)
-                       for i in sorted(order[lo:lo + width], key=lambda i: self.lengths[i])]
-            batches = [grouped[k * size:(k + 1) * size] for k in range(self.per_epoch)]
-            self._epochs = {epoch: [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]}
-        return self._epochs[epoch]
-
-    def batch(self, step: int) -> list[int]:
-        epoch, k = divmod(step, self.per_epoch)
-        return self._epoch(epoch)[k]

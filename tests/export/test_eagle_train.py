@@ -179,17 +179,17 @@ def test_a_train_step_lowers_the_loss_and_refuses_a_non_finite_one_before_updati
 
 def test_batches_group_similar_lengths_and_depend_on_the_step_alone():
     lengths = torch.randint(5, 200, (203,), generator=torch.Generator().manual_seed(0))
-    sampler = et._Sampler(lengths, 4, seed=3)
+    sampler = ed.BatchSampler(lengths, 4, seed=3)
     assert sampler.per_epoch == 50
     epoch = [sampler.batch(s) for s in range(50)]
     seen = [i for b in epoch for i in b]
     assert len(seen) == len(set(seen)) == 200  # an epoch visits 50 whole batches, each sequence at most once
     spread = sum(int(lengths[b].max() - lengths[b].min()) for b in epoch) / 50
     assert spread < 30  # random batches of 4 over lengths 5..200 spread ~100
-    again = et._Sampler(lengths, 4, seed=3)
+    again = ed.BatchSampler(lengths, 4, seed=3)
     assert [again.batch(s) for s in (120, 3, 51)] == [sampler.batch(s) for s in (120, 3, 51)]
-    assert et._Sampler(lengths, 4, seed=4).batch(0) != sampler.batch(0)
-    assert et._Sampler(torch.tensor([9, 3]), 4, seed=0).batch(0) == [1, 1, 0, 0]  # fewer than a batch: repeated
+    assert ed.BatchSampler(lengths, 4, seed=4).batch(0) != sampler.batch(0)
+    assert ed.BatchSampler(torch.tensor([9, 3]), 4, seed=0).batch(0) == [1, 1, 0, 0]  # fewer than a batch: repeated
 
 
 def test_kl_is_exact_with_the_full_row_and_a_lower_bound_with_top_k():
