@@ -332,3 +332,26 @@ def eagle_train_runs(data: dict) -> str:
                      " / ".join(f"{a:.2f}" for a in held["alpha_by_depth"]), f"{held['tokens_per_pass']:.2f}"])
     return _md(["run", "compute", "generating (min)", "training (min)", "s / step", "in all (min)",
                 "held-out α, first draft", "by depth", "tokens / pass at depth 3"], rows)
+
+
+@table("eagle-self-prompts-smollm2-cpu", "eagle-train-r6-smollm2-cpu.json")
+def eagle_self_prompts(data: dict) -> str:
+    """Round 4's head against round 6's (trained on with prompts SmolLM2 wrote itself): held-out acceptance on
+    round 6's held-out prompts, tokens per pass on round 4's human-written held-out prompts, and `specrt bench`
+    (medians of the alternating runs)."""
+    t = data["training"]
+    before, after = t["heldout_init"], t["heldout"]
+    rows = []
+    for bundle, name in data["heads"].items():
+        held = before if bundle == "r8-fp32" else after
+        runs = data["bench"]["runs"][bundle]
+        med = {m: {f: statistics.median(r[m][f] for r in runs) for f in ("speedup_vs_none", "tokens_per_target_pass")}
+               for m in runs[0] if m != "none"}
+        rows.append([name, f"{held['alpha1']:.3f}", f"{held['tokens_per_pass']:.2f}",
+                     f"{data['heldout_r4']['results'][bundle]['tokens_per_pass']:.3f}",
+                     *(f"{med[m]['tokens_per_target_pass']:.2f} / {_x(med[m]['speedup_vs_none'])}" for m in med)])
+    methods = [m for m in data["bench"]["runs"]["r8-fp32"][0] if m != "none"]
+    return _md(["head", "α1, round 6's held-out (206 prompts)", "tokens / pass there (depth 3)",
+                "tokens / pass, round 4's held-out (312 prompts, γ 3)",
+                *(f"{m}: tokens / pass / vs none (bench)" for m in methods)], rows)
+
