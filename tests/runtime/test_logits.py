@@ -168,11 +168,16 @@ def test_draws_equal_the_reference_inverse_cdf_for_the_same_uniforms(kind):
     assert near_misses <= draws // 200, near_misses
 
 
-def test_top_ids_is_a_stable_sort_prefix():
+@pytest.mark.parametrize("most", [None, 10])  # any n (selection), or the few a tree takes (repeated argmax)
+def test_top_ids_is_a_stable_sort_prefix(most):
     rng = np.random.default_rng(3)
-    for _ in range(200):
+    for k in range(600):
         values = np.round(rng.standard_normal(rng.integers(1, 300)) * 2).astype(np.float32)  # many ties
-        n = int(rng.integers(1, len(values) + 2))
+        if k % 3 == 0:
+            values[rng.integers(0, len(values), 4)] = -np.inf  # masked ids
+        if k % 50 == 0:
+            values[:] = -np.inf
+        n = int(rng.integers(1, (most or len(values) + 1) + 1))
         assert top_ids(values, n).tolist() == np.argsort(-values, kind="stable")[:n].tolist()
 
 
