@@ -355,3 +355,16 @@ def eagle_self_prompts(data: dict) -> str:
                 "tokens / pass, round 4's held-out (312 prompts, γ 3)",
                 *(f"{m}: tokens / pass / vs none (bench)" for m in methods)], rows)
 
+
+@table("tree-host-topk-cpu", "tree-host-topk-cpu.json")
+def tree_host_topk(data: dict) -> str:
+    """`specrt bench` processes of two checkouts, alternating: host work per token and speed, per run."""
+    rows = []
+    for side, runs in data["runs"].items():
+        for i, r in enumerate(runs, 1):
+            rows.append([f"{side} ({data['commits'][side]}), run {i}", f"{r['none']['host_ms_per_token']:.2f}",
+                         f"{r['eagle-tree']['host_ms_per_token']:.2f}", f"{r['eagle-tree']['tokens_per_target_pass']:.2f}",
+                         _x(r["eagle-tree"]["speedup_vs_none"])])
+    return _md(["checkout", "none: host ms / token", "eagle-tree: host ms / token", "eagle-tree: tokens / pass",
+                "eagle-tree vs none"], rows)
+
