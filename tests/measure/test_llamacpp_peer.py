@@ -20,6 +20,9 @@ from specrt.measure.bench import BenchConfig, make_peers, run_bench
 from specrt.measure.peers.llamacpp import LlamaCppPeer, sampling_kwargs
 from specrt.runtime.sampling import SamplingConfig
 
+# Every test here runs llama.cpp itself; CI installs it (the `llamacpp` extra), a dev venv may not.
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is the llamacpp extra: pip install -e '.[llamacpp]'")
+
 
 @pytest.fixture(scope="module")
 def f32_gguf(tmp_path_factory):
