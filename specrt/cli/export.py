@@ -314,3 +314,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f}, "
                f"{held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
                f"(trained in {record['compute']}, {record['time_s']['total_this_run'] / 60:.0f} min)")
+    written = record["data"].get("prompts_written", 0)
+    if self_prompts:
+        click.echo(f"the target wrote {written} of the {self_prompts} prompts asked for: "
+                   f"{Path(output) / 'prompts-written.json'}")

@@ -105,3 +105,23 @@ def test_self_prompts_without_a_chat_template_fail_before_any_work(tmp_path):
         train_eagle(folder, tmp_path / "head", replace(SMALL, self_prompts=4), prompts=PROMPTS)
     assert not (tmp_path / "head").exists()
     shutil.rmtree(folder)
+
+
+def test_the_cli_trains_with_self_prompts_and_names_the_list(chat_target, tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    seeds = tmp_path / "seeds.json"
+    seeds.write_text(json.dumps(PROMPTS))
+    args = ["eagle", "train", str(chat_target), "-o", str(tmp_path / "head"), "--prompts", str(seeds),
+            "--self-prompts", "12", "--sequences", "16", "--seq-len", "96", "--batch-size", "4", "--steps", "4",
+            "--draft-vocab", "64", "--compute", "float32"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    written = json.loads((tmp_path / "head" / WRITTEN_NAME).read_text())
+    assert f"the target wrote {len(written)} of the 12 prompts asked for" in r.output
+    plain = save_model(tmp_path / "plain", "llama", seed=1, vocab=288, layers=4, hidden=32, heads=2, kv_heads=1,
+                       tokenizer=make_tokenizer(vocab=280))
+    r = CliRunner().invoke(main, [*args[:2], str(plain), "-o", str(tmp_path / "head2"), *args[5:]])
+    assert r.exit_code != 0 and "chat template" in r.output and "Traceback" not in r.output
