@@ -338,19 +338,20 @@ def eagle_train_runs(data: dict) -> str:
 def eagle_self_prompts(data: dict) -> str:
     """Round 4's head against round 6's (trained on with prompts SmolLM2 wrote itself): held-out acceptance on
     round 6's held-out prompts, tokens per pass on round 4's human-written held-out prompts, and `specrt bench`
-    (medians of the alternating runs)."""
-    t = data["training"]
-    before, after = t["heldout_init"], t["heldout"]
+    (medians of the alternating runs; – where a head was not benched)."""
+    trainings = {"r10-fp32": data["training"], **data.get("more_trainings", {})}
+    runs_by = data["bench"]["runs"]
+    methods = [m for m in runs_by["r8-fp32"][0] if m != "none"]
     rows = []
     for bundle, name in data["heads"].items():
-        held = before if bundle == "r8-fp32" else after
-        runs = data["bench"]["runs"][bundle]
-        med = {m: {f: statistics.median(r[m][f] for r in runs) for f in ("speedup_vs_none", "tokens_per_target_pass")}
-               for m in runs[0] if m != "none"}
+        held = trainings[bundle]["heldout"] if bundle in trainings else data["training"]["heldout_init"]
+        runs = runs_by.get(bundle)
+        bench = ["–"] * len(methods)
+        if runs:
+            bench = [f"{statistics.median(r[m]['tokens_per_target_pass'] for r in runs):.2f} / "
+                     f"{_x(statistics.median(r[m]['speedup_vs_none'] for r in runs))}" for m in methods]
         rows.append([name, f"{held['alpha1']:.3f}", f"{held['tokens_per_pass']:.2f}",
-                     f"{data['heldout_r4']['results'][bundle]['tokens_per_pass']:.3f}",
-                     *(f"{med[m]['tokens_per_target_pass']:.2f} / {_x(med[m]['speedup_vs_none'])}" for m in med)])
-    methods = [m for m in data["bench"]["runs"]["r8-fp32"][0] if m != "none"]
+                     f"{data['heldout_r4']['results'][bundle]['tokens_per_pass']:.3f}", *bench])
     return _md(["head", "α1, round 6's held-out (206 prompts)", "tokens / pass there (depth 3)",
                 "tokens / pass, round 4's held-out (312 prompts, γ 3)",
                 *(f"{m}: tokens / pass / vs none (bench)" for m in methods)], rows)
