@@ -24,7 +24,7 @@ from specrt.export.eagle_data import SequenceCache, _encode_prompt
 from specrt.export.eagle_generate import _continue
 from specrt.export.eagle_train import EagleTrainConfig, optimizer, train_step
 from specrt.export.loading import load_causal_lm, load_tokenizer
-from specrt.export.precision import compute_context, generating, native_bf16
+from specrt.export.precision import generating, native_bf16
 
 COMPUTES = ("float32", "bfloat16")
 
@@ -63,8 +63,8 @@ def main() -> None:
     tok = load_tokenizer(args.target)
     prompts = json.loads(Path(args.prompts).read_text())[:args.rows]
     encoded = sorted((_encode_prompt(tok, p, True) for p in prompts), key=len)
-    cfg, head, d2t, t2d = load_eagle3(args.head, model.config)
-    taps = cfg.tap_layers_for(model.config.num_hidden_layers)
+    head_cfg, head, d2t, t2d = load_eagle3(args.head, model.config)
+    taps = head_cfg.tap_layers_for(model.config.num_hidden_layers)
     head.float().train()
     embed = model.get_input_embeddings().weight.detach().float()
     b = synthetic_batch(args.batch_size, args.seq_len, head.fc.in_features, embed.shape[0], len(d2t), 64)

@@ -300,7 +300,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     from ..measure.bench import read_prompts
 
     with torch_side("eagle train"):
-        from ..export.eagle_train import EagleTrainConfig, train_eagle
+        from ..export.eagle_train import WRITTEN_NAME, EagleTrainConfig, train_eagle
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
@@ -314,7 +314,6 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f}, "
                f"{held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
                f"(trained in {record['compute']}, {record['time_s']['total_this_run'] / 60:.0f} min)")
-    written = record["data"].get("prompts_written", 0)
     if self_prompts:
-        click.echo(f"the target wrote {written} of the {self_prompts} prompts asked for: "
-                   f"{Path(output) / 'prompts-written.json'}")
+        click.echo(f"the target wrote {record['data']['prompts_written']} of the {self_prompts} prompts asked for: "
+                   f"{Path(output) / WRITTEN_NAME}")

@@ -44,7 +44,8 @@ def user_turn(tok: Any) -> tuple[list[int], list[int]]:
     cut = text.index(_SENTINEL)
     prefix = with_bos(tok, tok(text[:cut], add_special_tokens=False).input_ids)
     after = tok(text[cut + len(_SENTINEL):], add_special_tokens=False).input_ids[:1]
-    return prefix, [i for i in after if i in set(tok.all_special_ids)]
+    special = set(tok.all_special_ids)
+    return prefix, [i for i in after if i in special]
 
 
 def _key(text: str) -> str:

@@ -417,6 +417,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             report("train", start, cfg.steps, None)
 
         sampler = BatchSampler(train.length, cfg.batch_size, cfg.seed)
+        weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             losses = train_step(head, opt, embed, t2d, train.batch(sampler.batch(step)), cfg, compute, step)
@@ -427,7 +428,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                               "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
                               "history": history, "train_s": train_s, "init": heldout_init},
                              work / CHECKPOINT_NAME)
-            report("train", step + 1, cfg.steps, sum(cfg.loss_decay ** s * v for s, v in enumerate(losses)))
+            report("train", step + 1, cfg.steps, sum(w * v for w, v in zip(weights, losses)))
 
         t0 = time.perf_counter()
         saved = saved_copy(head, cfg.dtype)
@@ -435,7 +436,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         times["evaluate"] = time.perf_counter() - t0
     times["train"] = train_s
 
-    weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]
     record = {
         "format": FORMAT_VERSION, "target": str(gguf or source), "architecture": target_config.model_type,
         "config": asdict(cfg), "head": head_cfg.to_json(torch_dtype=cfg.dtype), "taps": list(taps),

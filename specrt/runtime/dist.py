@@ -137,26 +137,29 @@ def _last_with_mass(weights: np.ndarray, j: int) -> int:
 _FEW = 8  # up to this many ids, repeated argmax: np.partition costs ~90 us on 16k floats, an argmax ~1 us
 
 
+def _few_top_ids(values: np.ndarray, n: int) -> np.ndarray | None:
+    """``top_ids`` for n <= _FEW by repeated argmax (which returns the first of equal maxima: ties go to the
+    lower index, as a stable sort's); None when -inf or NaN would be among them (the general path orders those)."""
+    chosen = [int(values.argmax())]
+    if not values[chosen[0]] > -np.inf:
+        return None
+    rest = values.astype(np.float64) if n > 1 else values  # a copy: chosen entries are masked below every value
+    while len(chosen) < n:
+        rest[chosen[-1]] = -np.inf
+        chosen.append(int(rest.argmax()))
+        if not rest[chosen[-1]] > -np.inf:
+            return None
+    return np.array(chosen)
+
+
 def top_ids(values: np.ndarray, n: int) -> np.ndarray:
     """Indices of the ``n`` largest values, largest first, ties to the lower index, by partial
     selection: the same as ``np.argsort(-values, kind="stable")[:n]`` without sorting everything."""
     if n >= len(values):
         return np.argsort(-values, kind="stable")
-    first = int(values.argmax()) if n <= _FEW else 0
-    if n <= _FEW and values[first] > -np.inf:  # argmax returns the first of equal maxima: ties go to the lower
-        # index, as a stable sort's; NaN or -inf among the chosen: the general path orders them
-        if n == 1:
-            return np.array([first])
-        rest = values.astype(np.float64)  # a copy: chosen entries are masked below every real value
-        chosen = [first]
-        while len(chosen) < n:
-            rest[chosen[-1]] = -np.inf
-            i = int(rest.argmax())
-            if not rest[i] > -np.inf:
-                break
-            chosen.append(i)
-        else:
-            return np.array(chosen)
+    few = _few_top_ids(values, n) if n <= _FEW else None
+    if few is not None:
+        return few
     kth = np.partition(values, -n)[-n]
     above = np.flatnonzero(values > kth)
     chosen = np.concatenate([above, np.flatnonzero(values == kth)[:n - len(above)]])
