@@ -2,7 +2,7 @@
 of each row at a temperature, so a GPU backend copies a few hundred bytes per row instead of V floats.
 
 Regenerate the shipped file with ``python -m specrt.export.summary_graph``; a test checks the shipped
-bytes are what this builds. Opset 17 and plain ops (TopK with a constant K, Reduce*, Exp, Log), which
+bytes are what this builds. Opset 17 and plain ops (TopK with a constant K, Reduce*, Exp, Log, a zero Pad), which
 ONNX Runtime's CUDA provider and TensorRT's ONNX parser both take.
 """
 
@@ -24,8 +24,8 @@ def build_summary_model(k: int = C.SUMMARY_TOP_K) -> onnx.ModelProto:
     before the exp (no overflow at any temperature), and the difference is scaled after the
     subtraction, so each exponent carries one rounding of (z - z_max) and one of the product.
 
-    The sum runs in blocks of :data:`~specrt.bundle.contract.SUMMARY_BLOCK` ids, then over the blocks (and
-    the last partial block): whatever order an engine sums a block in, the error is bounded by the
+    The sum runs in blocks of :data:`~specrt.bundle.contract.SUMMARY_BLOCK` ids (the last one padded with
+    zeros), then over the blocks: whatever order an engine sums a block in, the error is bounded by the
     block's length plus the number of blocks, ~1,000 roundings on a 152k row instead of 152k
     (:func:`specrt.runtime.backends.summary.lse_error_bound` is that bound)."""
     node, block = helper.make_node, C.SUMMARY_BLOCK
@@ -37,18 +37,18 @@ def build_summary_model(k: int = C.SUMMARY_TOP_K) -> onnx.ModelProto:
         node("Sub", [C.SUMMARY_LOGITS, "zmax"], ["shifted"]),
         node("Mul", ["shifted", C.SUMMARY_INV_T], ["scaled"]),
         node("Exp", ["scaled"], ["weights"]),
-        # whole blocks: ids [0, V // block * block) as [Q, V // block, block]
+        # zero-padded to whole blocks, [Q, ceil(V / block), block]: no empty tensor for any V (ONNX Runtime
+        # 1.30 fails on a reduction over an empty slice, which a V < block or a multiple of it made)
         node("Shape", ["weights"], ["shape"]),
         node("Gather", ["shape", "one"], ["vocab"]),
-        node("Div", ["vocab", "block"], ["blocks"]),
-        node("Mul", ["blocks", "block"], ["whole"]),
-        node("Slice", ["weights", "zero", "whole", "one"], ["head"]),
-        node("Reshape", ["head", "block_shape"], ["grid"]),
+        node("Mod", ["vocab", "block"], ["rest"]),
+        node("Sub", ["block", "rest"], ["short"]),
+        node("Mod", ["short", "block"], ["pad"]),
+        node("Concat", ["zero", "zero", "zero", "pad"], ["pads"], axis=0),
+        node("Pad", ["weights", "pads"], ["padded"], mode="constant"),
+        node("Reshape", ["padded", "block_shape"], ["grid"]),
         node("ReduceSum", ["grid", "last_axis"], ["block_sums"], keepdims=0),
-        node("ReduceSum", ["block_sums", "last_axis"], ["head_sum"], keepdims=0),
-        node("Slice", ["weights", "whole", "vocab", "one"], ["tail"]),
-        node("ReduceSum", ["tail", "last_axis"], ["tail_sum"], keepdims=0),
-        node("Add", ["head_sum", "tail_sum"], ["total"]),
+        node("ReduceSum", ["block_sums", "last_axis"], ["total"], keepdims=0),
         node("Log", ["total"], ["log_total"]),
         node("Squeeze", ["zmax", "last_axis"], ["zmax_row"]),
         node("Mul", ["zmax_row", C.SUMMARY_INV_T], ["top_scaled"]),

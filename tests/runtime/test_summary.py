@@ -37,8 +37,10 @@ def test_the_shipped_graph_is_the_builders():
     assert C.summary_graph_path().read_bytes() == build_summary_model().SerializeToString()
 
 
-@pytest.mark.parametrize("v", [64, 300, 4096, QWEN2_VOCAB, 256_000])
+@pytest.mark.parametrize("v", [64, 240, 256, 300, 4096, 49_152, QWEN2_VOCAB, 256_000])
 def test_top_k_and_normaliser_within_the_bound(summary_session, v):
+    """Vocabularies under a block, a multiple of one and between: every intermediate of the graph is
+    non-empty (ONNX Runtime 1.30 fails on reductions over an empty slice)."""
     rng = np.random.default_rng(v)
     for kind in ("peaked", "gaussian", "flat", "ties"):
         logits = np.stack([logits_row(kind, v, rng) * rng.uniform(0.5, 8) for _ in range(3)]).astype(np.float32)
