@@ -13,6 +13,8 @@ machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
    logits left on the GPU: sampled tokens == the copy-everything path, seed for seed; device-to-host
    bytes per target pass both ways;
 4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
+3b. EAGLE-3 on the torch backend (a tiny target with a random head): eagle / eagle-tree greedy == ONNX
+   Runtime CPU, eagerly and through CUDA graphs; sampled eagle with logits on the GPU == copied, seed for seed;
 4b. GPU memory bandwidth (specrt.measure.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
 5. TensorRT, when importable: engines built and greedy parity.
 
@@ -150,6 +152,8 @@ def torch_generator(bundle: Path, **options):
     from specrt.export.torch_backend import TorchDecoder
 
     gen = specrt.load(bundle, backend="torch")
+    if gen.manifest.eagle is not None:
+        gen._load_eagle("eagle")  # made on first use otherwise: here now, to be replaced like the others
     for role, entry in gen.manifest.models.items():
         dec = TorchDecoder(bundle, entry, device=TORCH_DEVICE, **options)
         gen.decoders[role] = dec
@@ -186,6 +190,46 @@ def sampled_parity(bundle: Path) -> dict:
             bytes_per_pass[f"{method} {kw}"] = [round(a.stats.d2h_bytes_per_target_pass),
                                                 round(b.stats.d2h_bytes_per_target_pass)]
     return {"d2h_bytes_per_target_pass [logits on GPU, copied]": bytes_per_pass}
+
+
+def build_eagle_bundle(work: Path) -> Path:
+    """The suite's eagle bundle (tests/conftest.py): a tiny llama target and a random EAGLE-3 head."""
+    from support.models import make_tokenizer, save_eagle_head, save_model
+
+    from specrt.export.bundle import export_bundle
+
+    target = save_model(work / "eagle-target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
+    head = save_eagle_head(work / "eagle-head", target, seed=3, draft_vocab=240, ascending=False)
+    export_bundle(str(target), None, work / "eagle-bundle", eagle=str(head))
+    return work / "eagle-bundle"
+
+
+EAGLE_RUNS = [dict(method="eagle", gamma=3), dict(method="eagle-tree", eagle_tree="2,3,5")]
+
+
+def eagle_parity(bundle: Path, ref) -> dict:
+    out = {}
+    for graphs in (False, True) if TORCH_DEVICE == "cuda" else (False,):
+        gen = torch_generator(bundle, use_graphs=graphs)
+        for kw in EAGLE_RUNS:
+            got = [gen.generate(p, max_new_tokens=32, **kw).token_ids for p in PROMPTS]
+            want = [ref.generate(p, max_new_tokens=32, **kw).token_ids for p in PROMPTS]
+            if got != want:
+                raise AssertionError(f"greedy {kw} (graphs={graphs}): tokens differ from ONNX Runtime CPU")
+            st = gen.generate(PROMPTS[0], max_new_tokens=64, **kw).stats
+            out[f"{kw['method']} graphs={graphs}"] = {"tokens_per_second": round(st.tokens_per_second, 1),
+                                                      "tokens_per_target_pass": round(st.tokens_per_target_pass, 2)}
+        if graphs and not (gen.decoders["eagle"].graphs and gen.decoders["target"].graphs):
+            raise AssertionError("no CUDA graph was captured for the head or the target")
+    on_gpu, copied = torch_generator(bundle, use_graphs=False), torch_generator(bundle, use_graphs=False,
+                                                                               device_logits=False)
+    for kw in SAMPLED:
+        for seed in range(3):
+            a = on_gpu.generate(PROMPTS[1], max_new_tokens=24, method="eagle", gamma=2, seed=seed, **kw)
+            b = copied.generate(PROMPTS[1], max_new_tokens=24, method="eagle", gamma=2, seed=seed, **kw)
+            if a.token_ids != b.token_ids:
+                raise AssertionError(f"eagle {kw} seed {seed}: logits on the GPU gave other tokens")
+    return out
 
 
 def verify_latency(bundle: Path) -> dict:
@@ -278,11 +322,15 @@ def main() -> int:
                            lambda: greedy_parity(torch_generator(bundle, use_graphs=True), ref))
             report.run("torch CUDA logits on the GPU: sampled == copied", lambda: sampled_parity(bundle))
             report.run("torch verify latency, CUDA graph vs eager", lambda: verify_latency(bundle))
+            if args.bundle is None:
+                report.run("torch CUDA EAGLE-3: greedy == ONNX Runtime CPU, sampled on GPU == copied",
+                           lambda: eagle_parity(eagle := build_eagle_bundle(work),
+                                                specrt.load(eagle, backend="onnxruntime")))
             if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.measure.bandwidth)
                 report.run("GPU memory bandwidth probe (torch CUDA)", gpu_bandwidth)
         else:
             for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency",
-                         "GPU memory bandwidth probe"):
+                         "torch CUDA EAGLE-3", "GPU memory bandwidth probe"):
                 report.record(name, "SKIP", reason="torch sees no CUDA device")
         report.run("TensorRT engines: greedy == ONNX Runtime CPU", lambda: tensorrt_check(bundle, ref))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 timeout 480 "$PY" scripts/gpu_check.py --json "$OUT/gpu-check.json" "$@" || rc=1
+# verify cost at real dimensions (SmolLM2-135M, Llama-3.2-1B; random weights) on the GPU path
+timeout 300 "$PY" benchmarks/verify_cost_gpu.py --json "$OUT/verify-cost-gpu.json" || rc=1
 if "$PY" -c "import pytest, click, rich" 2>/dev/null; then  # the GPU tests of the suite, where pytest exists
   timeout 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_backends.py tests/export/test_torch_backend.py \
     -k "gpu or cuda or graph or device" > "$OUT/pytest.txt" 2>&1 || rc=1
