@@ -192,6 +192,19 @@ table("verify-cost-integer-kernel-zen4-cpu", "verify-cost-integer-kernel-zen4-cp
 table("verify-cost-integer-kernel-1b-zen4-cpu", "verify-cost-integer-kernel-1b-zen4-cpu.json")(verify_cost)
 
 
+@table("verify-cost-h200", "verify-cost-h200.json")
+def verify_cost_gpu(data: dict) -> str:
+    """benchmarks/verify_cost_gpu.py: one target pass of r rows against one row on a GPU, with the fit."""
+    rows = []
+    for name, m in data["models"].items():
+        f = m["fit"]
+        rows.append([name, f"{m['weight_bytes'] / 1e6:.0f} MB", f"{m['ms']['1']:.2f} ms",
+                     *(_x(f["ratio"][r]) for r in ("2", "5", "8", "16", "32", "64")),
+                     f"{f['per_row_ms'] * 1e3:.1f} µs", f"{f['gb_per_s_at_1']:.0f} GB/s"])
+    return _md(["target (fp16, random weights)", "weights", "1 row", "2 rows", "5", "8", "16", "32", "64",
+                "each extra row", "weights read at 1 row"], rows)
+
+
 @table("eagle-tree-depth-cpu", "eagle-tree-depth-cpu.json")
 def eagle_tree_depth(data: dict) -> str:
     """`specrt bench` processes of two checkouts, alternating: per bundle and method, medians of the runs."""
