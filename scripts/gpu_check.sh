@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks for an NVIDIA machine, from the repository root, with nothing installed beyond the
 # machine's own packages (specrt is imported from this tree; its tiny models are built here).
-# Writes $OUT/gpu-check.json (OUT defaults to ./gpu-check-out); exit status non-zero if a check failed.
+# Writes $OUT/gpu-check.json, $OUT/verify-cost-gpu.json (benchmarks/verify_cost_gpu.py: verify cost at real
+# dimensions) and $OUT/pytest.txt (OUT defaults to ./gpu-check-out); exit status non-zero if a check failed.
 #
 # Sending it to a machine that receives at most 64 MiB (the `device` tool): the demo weights are
 # ~128 MiB and not needed here, so leave them out of the working tree first and restore them after:
