@@ -66,6 +66,7 @@ from .options import (
               help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
                    "(whichever this machine reports; which are missing is said, not an error).")
 @low_memory_option
+@backend_option
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str | None,
           tree_shape: str, eagle_tree: str,
           max_new_tokens: int, repeats: int, gamma: int | str, draft_stop: float, row_stable: bool, temperature: float,
@@ -73,7 +74,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
           top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, thread_pool: str, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_gguf: str | None,
-          peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None) -> None:
+          peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None,
+          backend: str) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the time split (draft /
@@ -98,6 +100,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
       specrt bench --bundle bundle-int4 --compare ortgenai,hf
       specrt bench --bundle smollm2-q41 --chat --compare llamacpp      # a bundle exported from a GGUF
       specrt bench --bundle smollm2 --chat --prompts benchmarks/prompts/chat-heldout.json --methods none,eagle
+      specrt bench --bundle smollm2 --backend torch --methods none,eagle-tree   # PyTorch, CUDA graphs on a GPU
     """
     from rich.console import Console
 
@@ -126,7 +129,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
-    gen = load(bundle, threads=threads, low_memory=low_memory, shared_threads=thread_pool == "shared")
+    gen = load(bundle, backend=backend, threads=threads, low_memory=low_memory, shared_threads=thread_pool == "shared")
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
     notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]

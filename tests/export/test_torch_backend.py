@@ -208,3 +208,29 @@ def test_eagle_heads_on_the_torch_backend_give_the_tokens_of_onnxruntime(eagle_b
             assert gen.generate("def fib(n):", max_new_tokens=16, **kwargs).token_ids == want, (options, kwargs)
         if options:
             assert gen.decoders["eagle"].graphs and gen.decoders["target"].graphs
+
+
+def test_bench_runs_on_the_backend_it_is_given(eagle_bundle, tmp_path):
+    """`specrt bench --backend torch`: the same methods measured on PyTorch (what a GPU machine without
+    TensorRT runs), greedy output still plain decoding's; an unknown backend is one line and exit 1."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(eagle_bundle), "--backend", "torch", "--methods",
+                                    "none,eagle", "--max-new-tokens", "6", "--repeats", "1", "--threads", "1",
+                                    "--prompts", str(_one_prompt(tmp_path)), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["config"]["provider"] == "torch-cpu" and data["methods"]["eagle"]["greedy_matches_none"]
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(eagle_bundle), "--backend", "tpu", "--methods", "none"])
+    assert res.exit_code == 1 and "unknown backend" in res.output
+
+
+def _one_prompt(folder):
+    path = folder / "prompts.json"
+    path.write_text('["def fib(n):"]')
+    return path
