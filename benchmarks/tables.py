@@ -160,6 +160,8 @@ table("smollm2-int8-integer-bench-xeon-cpu", "smollm2-int8-integer-bench-xeon-cp
 table("smollm2-t07-r8-i8-xeon-cpu", "smollm2-t07-r8-i8-xeon-cpu.json")(bench_table)
 table("smollm2-eagle-zen4-fp32-cpu", "smollm2-eagle-zen4-fp32-cpu.json")(bench_table)
 table("smollm2-eagle-zen4-t07-cpu", "smollm2-eagle-zen4-t07-cpu.json")(bench_table)
+table("smollm2-eagle-h200", "smollm2-eagle-h200.json")(bench_table)
+table("smollm2-eagle-t07-h200", "smollm2-eagle-t07-h200.json")(bench_table)
 table("smollm2-eagle-zen4-int8-cpu", "smollm2-eagle-zen4-int8-cpu.json")(bench_table)
 table("smollm2-t07-r8-int8-xeon-cpu", "smollm2-t07-r8-int8-xeon-cpu.json")(bench_table)
 
