@@ -370,6 +370,19 @@ def eagle_self_prompts(data: dict) -> str:
                 *(f"{m}: tokens / pass / vs none (bench)" for m in methods)], rows)
 
 
+@table("eagle-mixed-prompts-smollm2-cpu", "eagle-train-r7-smollm2-cpu.json")
+def eagle_mixed_prompts(data: dict) -> str:
+    """Round 4's head against round 7's (seed prompts and self-written ones together): held-out acceptance on
+    round 7's held-out prompts, before and after, and tokens per pass on round 4's human-written held-out."""
+    t = data["training"]
+    rows = []
+    for (bundle, name), held in zip(data["heads"].items(), (t["heldout_init"], t["heldout"])):
+        rows.append([name, f"{held['alpha1']:.3f}", f"{held['tokens_per_pass']:.2f}",
+                     f"{data['heldout_r4']['results'][bundle]['tokens_per_pass']:.3f}"])
+    return _md(["head", f"α1, round 7's held-out ({t['data']['prompts_heldout']} prompts)",
+                "tokens / pass there (depth 3)", "tokens / pass, round 4's held-out (312 prompts, γ 3)"], rows)
+
+
 @table("tree-host-topk-cpu", "tree-host-topk-cpu.json")
 def tree_host_topk(data: dict) -> str:
     """`specrt bench` processes of two checkouts, alternating: host work per token and speed, per run."""
