@@ -12,9 +12,9 @@ machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
 3. torch backend on CUDA, eager and CUDA graphs: greedy tokens == ONNX Runtime CPU for none/draft/tree;
    logits left on the GPU: sampled tokens == the copy-everything path, seed for seed; device-to-host
    bytes per target pass both ways;
-4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
 3b. EAGLE-3 on the torch backend (a tiny target with a random head): eagle / eagle-tree greedy == ONNX
    Runtime CPU, eagerly and through CUDA graphs; sampled eagle with logits on the GPU == copied, seed for seed;
+4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
 4b. GPU memory bandwidth (specrt.measure.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
 5. TensorRT, when importable: engines built and greedy parity.
 
