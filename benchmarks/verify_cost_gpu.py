@@ -48,21 +48,30 @@ def checkpoint(name: str, folder: Path, layers: int | None = None) -> Path:
     return folder
 
 
-def time_rows(source: Path, device: str, context: int, repeats: int, rows=ROWS) -> dict:
-    """Median ms of one target pass per row count after ``context`` positions, logits left on the device."""
-    import torch
+def decoder_for(source: Path, device: str):
+    """specrt's torch decoder over the fp16 checkpoint ``source`` (no bundle: its manifest entry made here),
+    CUDA graphs and logits left on the device where ``device`` is cuda."""
     from transformers import AutoConfig
 
     from specrt.bundle.contract import ModelDims
     from specrt.bundle.manifest import ModelEntry
     from specrt.export.torch_backend import TorchDecoder
-    from specrt.runtime.masks import causal_mask
 
     c = AutoConfig.from_pretrained(source)
     dims = ModelDims(c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
                      c.hidden_size // c.num_attention_heads, c.hidden_size, c.vocab_size)
     entry = ModelEntry(file="", source=str(source), architecture="llama", dtype="float16", dims=dims)
-    dec = TorchDecoder(source, entry, device=device, use_graphs=device == "cuda", device_logits=True)
+    return TorchDecoder(source, entry, device=device, use_graphs=device == "cuda", device_logits=True)
+
+
+def time_rows(source: Path, device: str, context: int, repeats: int, rows=ROWS) -> dict:
+    """Median ms of one target pass per row count after ``context`` positions, logits left on the device."""
+    import torch
+
+    from specrt.runtime.masks import causal_mask
+
+    dec = decoder_for(source, device)
+    dims = dec.entry.dims
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     cache = dec.new_cache(context + max(rows))
     ids = np.random.default_rng(0).integers(0, dims.vocab_size, context + max(rows))
