@@ -5,7 +5,8 @@
 # with `split -b 49M -d`, sent in two earlier calls and stashed in /tmp/stash), c/gguf.sha256, c/head (the
 # head: benchmarks/heads/smollm2-135m-instruct), c/bundle (r8-fp32's specrt.json, tokenizer.json,
 # chat_template.jinja, eagle_vocab.npy and empty target.onnx / eagle.onnx: the torch backend reads the
-# checkpoints), c/gguf-0.19.0-py3-none-any.whl. Run from the repository root as `bash .gpu/c/run.sh`.
+# checkpoints), c/gguf-0.19.0-py3-none-any.whl. Copied to .gpu/c/run.sh, run from the repository
+# root there as `bash .gpu/c/run.sh` (it reads .gpu/c beside it).
 # QUICK=1: a CPU dry run (one prompt, 4 tokens).
 set -uo pipefail
 C=$PWD/.gpu/c
@@ -18,7 +19,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 if [ ! -f /tmp/smollm2-hf/config.json ]; then  # a plain float checkpoint, as the CPU bundles were made from
 python3 - <<'PY'
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 m = AutoModelForCausalLM.from_pretrained("/tmp", gguf_file="smollm2.gguf", dtype=torch.float32)
 cfg = m.config
 del cfg.quantization_config
