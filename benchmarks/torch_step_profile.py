@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +23,11 @@ ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT.parent), str(ROOT)]
 
 
-def _median_ms(fn, sync, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def profile(source: Path, device: str, context: int, repeats: int, rows=(1, 4, 12)) -> dict:
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    from verify_cost_gpu import decoder_for
+    from verify_cost_gpu import decoder_for, median_ms
 
     from specrt.runtime.masks import causal_mask
 
@@ -55,9 +40,9 @@ def profile(source: Path, device: str, context: int, repeats: int, rows=(1, 4, 1
     out: dict = {"rows": {}}
     for r in rows:
         args = (ids[context:context + r], np.arange(context, context + r), causal_mask(r, context))
-        forward_ms = _median_ms(lambda: dec.forward(cache, *args), sync, repeats)
+        forward_ms = median_ms(lambda: dec.forward(cache, *args), sync, repeats)
         graph = next((g for (c, _), g in dec.graphs.items() if c == id(cache) and g.ids.shape[1] >= r), None)
-        replay_ms = _median_ms(graph.graph.replay, sync, repeats) if graph is not None else None
+        replay_ms = median_ms(graph.graph.replay, sync, repeats) if graph is not None else None
         out["rows"][str(r)] = {"forward_ms": forward_ms, "replay_ms": replay_ms}
         print(f"{r} rows: forward {forward_ms:.3f} ms, replay alone "
               f"{'-' if replay_ms is None else f'{replay_ms:.3f}'} ms", flush=True)

@@ -48,6 +48,21 @@ def checkpoint(name: str, folder: Path, layers: int | None = None) -> Path:
     return folder
 
 
+def median_ms(fn, sync, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` followed by ``sync()``, after 3 warm-up calls (the first of a row
+    count captures its graph)."""
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def decoder_for(source: Path, device: str):
     """specrt's torch decoder over the fp16 checkpoint ``source`` (no bundle: its manifest entry made here),
     CUDA graphs and logits left on the device where ``device`` is cuda."""
@@ -80,16 +95,7 @@ def time_rows(source: Path, device: str, context: int, repeats: int, rows=ROWS) 
     out = {}
     for r in rows:
         args = (ids[context:context + r], np.arange(context, context + r), causal_mask(r, context))
-        for _ in range(3):  # the first captures the graph
-            dec.forward(cache, *args)
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            dec.forward(cache, *args)
-            sync()
-            times.append(time.perf_counter() - t0)
-        out[str(r)] = 1e3 * statistics.median(times)
+        out[str(r)] = median_ms(lambda: dec.forward(cache, *args), sync, repeats)
     n_params = sum(p.numel() for p in dec.wrapper.parameters())
     return {"ms": out, "weight_bytes": 2 * n_params, "flops_per_row": 2 * n_params, "context": context,
             "graphs": dec.use_graphs}

@@ -176,19 +176,21 @@ def greedy_parity(gen, ref) -> dict:
     return out
 
 
-def sampled_parity(bundle: Path) -> dict:
+def sampled_parity(bundle: Path, runs=(dict(method="none"), dict(method="draft"))) -> dict:
+    """Each of ``runs`` sampled with logits left on the GPU gives the copy-everything path's tokens, seed for
+    seed; the device-to-host bytes per target pass both ways."""
     on_gpu, copied = torch_generator(bundle, use_graphs=False), torch_generator(bundle, use_graphs=False,
                                                                                device_logits=False)
     bytes_per_pass = {}
     for kw in SAMPLED:
-        for method in ("none", "draft"):
+        for run in runs:
             for seed in range(3):
-                a = on_gpu.generate(PROMPTS[1], max_new_tokens=24, method=method, seed=seed, **kw)
-                b = copied.generate(PROMPTS[1], max_new_tokens=24, method=method, seed=seed, **kw)
+                a = on_gpu.generate(PROMPTS[1], max_new_tokens=24, seed=seed, **run, **kw)
+                b = copied.generate(PROMPTS[1], max_new_tokens=24, seed=seed, **run, **kw)
                 if a.token_ids != b.token_ids:
-                    raise AssertionError(f"{method} {kw} seed {seed}: logits on the GPU gave other tokens")
-            bytes_per_pass[f"{method} {kw}"] = [round(a.stats.d2h_bytes_per_target_pass),
-                                                round(b.stats.d2h_bytes_per_target_pass)]
+                    raise AssertionError(f"{run} {kw} seed {seed}: logits on the GPU gave other tokens")
+            bytes_per_pass[f"{run['method']} {kw}"] = [round(a.stats.d2h_bytes_per_target_pass),
+                                                       round(b.stats.d2h_bytes_per_target_pass)]
     return {"d2h_bytes_per_target_pass [logits on GPU, copied]": bytes_per_pass}
 
 
@@ -221,15 +223,7 @@ def eagle_parity(bundle: Path, ref) -> dict:
                                                       "tokens_per_target_pass": round(st.tokens_per_target_pass, 2)}
         if graphs and not (gen.decoders["eagle"].graphs and gen.decoders["target"].graphs):
             raise AssertionError("no CUDA graph was captured for the head or the target")
-    on_gpu, copied = torch_generator(bundle, use_graphs=False), torch_generator(bundle, use_graphs=False,
-                                                                               device_logits=False)
-    for kw in SAMPLED:
-        for seed in range(3):
-            a = on_gpu.generate(PROMPTS[1], max_new_tokens=24, method="eagle", gamma=2, seed=seed, **kw)
-            b = copied.generate(PROMPTS[1], max_new_tokens=24, method="eagle", gamma=2, seed=seed, **kw)
-            if a.token_ids != b.token_ids:
-                raise AssertionError(f"eagle {kw} seed {seed}: logits on the GPU gave other tokens")
-    return out
+    return {**out, **sampled_parity(bundle, runs=(dict(method="eagle", gamma=2),))}
 
 
 def verify_latency(bundle: Path) -> dict:
