@@ -14,6 +14,10 @@ machine can leave them out). Sections, each PASS / FAIL / SKIP with the reason:
    bytes per target pass both ways;
 3b. EAGLE-3 on the torch backend (a tiny target with a random head): eagle / eagle-tree greedy == ONNX
    Runtime CPU, eagerly and through CUDA graphs; sampled eagle with logits on the GPU == copied, seed for seed;
+3c. EAGLE-3 training on CUDA (`eagle train --device cuda`) beside the same run on the CPU, in float32: the
+   target's greedy held-out continuations and its sampled training ones (one CPU generator feeds both),
+   the loss falling, held-out acceptance both ways, the GPU run's checkpoint resumed on the CPU, and a
+   bfloat16 run (compute auto) on the GPU;
 4. verify-pass latency (Q=5 after a 200-token prefill), CUDA graph vs eager;
 4b. GPU memory bandwidth (specrt.measure.bandwidth.cuda_bandwidth: a read-sum and a device copy of 2 GiB), the roofline `bench --roofline` uses on a GPU;
 5. TensorRT, when importable: engines built and greedy parity.
@@ -226,6 +230,58 @@ def eagle_parity(bundle: Path, ref) -> dict:
     return {**out, **sampled_parity(bundle, runs=(dict(method="eagle", gamma=2),))}
 
 
+TRAIN_PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os",
+                 "x = 1", "print(i)", "return n"]
+
+
+def eagle_train_check(work: Path) -> dict:
+    """`specrt eagle train` on TORCH_DEVICE beside the CPU: the same tiny target, prompts, seed and config in
+    float32. The data should agree token for token (near-ties aside: the share is reported, >= 0.9 asked);
+    both heads must learn (held-out KL falls); the device run's checkpoint resumes on the CPU."""
+    import shutil
+    from dataclasses import replace
+
+    import torch
+    from support.models import make_tokenizer, save_model
+
+    from specrt.export.eagle import load_eagle3
+    from specrt.export.eagle_train import EagleTrainConfig, train_eagle
+
+    target = save_model(work / "train-target", "llama", seed=1, vocab=288, layers=4, hidden=64, heads=4, kv_heads=2,
+                        tokenizer=make_tokenizer(vocab=280))
+    cfg = EagleTrainConfig(steps=40, lr=3e-3, batch_size=4, seq_len=48, num_sequences=32, draft_vocab=64, topk=16,
+                           checkpoint_every=20, heldout_fraction=0.25, compute="float32", keep_checkpoint=True,
+                           init_from_target=False)  # a random target: a head started as its last layer has little to learn
+    out, records, caches = {}, {}, {}
+    for dev in dict.fromkeys(("cpu", TORCH_DEVICE)):
+        t0 = time.perf_counter()
+        records[dev] = train_eagle(target, work / f"head-{dev}", replace(cfg, device=dev), prompts=TRAIN_PROMPTS)
+        caches[dev] = torch.load(work / f"head-{dev}" / ".train" / "cache.pt", weights_only=True)
+        load_eagle3(work / f"head-{dev}")
+        r = records[dev]
+        out[dev] = {"seconds": round(time.perf_counter() - t0, 2), "device": r["device"],
+                    "alpha1": round(r["heldout"]["alpha1"], 3), "kl": [round(r["heldout_init"]["kl"], 4),
+                                                                       round(r["heldout"]["kl"], 4)]}
+        if not r["heldout"]["kl"] < r["heldout_init"]["kl"]:
+            raise AssertionError(f"{dev}: the held-out KL did not fall: {out[dev]['kl']}")
+    a, b = caches["cpu"], caches[TORCH_DEVICE]
+    for split in ("heldout", "train"):
+        same = (a[split]["tokens"] == b[split]["tokens"]).float().mean().item()
+        out[f"{split} tokens equal"] = round(same, 4)
+        if same < 0.9:
+            raise AssertionError(f"{split} continuations differ between the CPU and {TORCH_DEVICE}: {same:.3f} equal")
+    moved = work / "head-resumed"
+    shutil.copytree(work / f"head-{TORCH_DEVICE}", moved)  # its checkpoint is at the last step: resume only loads
+    resumed = train_eagle(target, moved, replace(cfg, device="cpu"), prompts=TRAIN_PROMPTS, resume=True)
+    out["resumed on cpu from step"] = resumed["resumed_from"]
+    if resumed["resumed_from"] != cfg.steps:
+        raise AssertionError(f"the {TORCH_DEVICE} checkpoint did not resume on the CPU")
+    bf16 = train_eagle(target, work / "head-bf16", replace(cfg, device=TORCH_DEVICE, compute="auto",
+                                                           keep_checkpoint=False), prompts=TRAIN_PROMPTS)
+    out["compute auto on device"] = {"compute": bf16["compute"], "alpha1": round(bf16["heldout"]["alpha1"], 3)}
+    return out
+
+
 def verify_latency(bundle: Path) -> dict:
     from specrt.bundle.manifest import load_manifest
     from specrt.export.torch_backend import TorchDecoder
@@ -320,11 +376,13 @@ def main() -> int:
                 report.run("torch CUDA EAGLE-3: greedy == ONNX Runtime CPU, sampled on GPU == copied",
                            lambda: eagle_parity(eagle := build_eagle_bundle(work),
                                                 specrt.load(eagle, backend="onnxruntime")))
+            report.run("EAGLE-3 training on CUDA: == the CPU's data, learns, resumes on the CPU",
+                       lambda: eagle_train_check(work if args.bundle is None else Path(tempfile.mkdtemp())))
             if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.measure.bandwidth)
                 report.run("GPU memory bandwidth probe (torch CUDA)", gpu_bandwidth)
         else:
             for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency",
-                         "torch CUDA EAGLE-3", "GPU memory bandwidth probe"):
+                         "torch CUDA EAGLE-3", "EAGLE-3 training on CUDA", "GPU memory bandwidth probe"):
                 report.record(name, "SKIP", reason="torch sees no CUDA device")
         report.run("TensorRT engines: greedy == ONNX Runtime CPU", lambda: tensorrt_check(bundle, ref))
     args.json.parent.mkdir(parents=True, exist_ok=True)

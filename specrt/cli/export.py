@@ -276,13 +276,17 @@ def eagle() -> None:
               help="Start from this head (specrt's or the published layout; its draft vocabulary is kept), "
                    "to train it further on new data.")
 @click.option("--compute", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="Matmul precision while the target generates and the head trains. auto: bfloat16 where the CPU "
-                   "has it natively (AVX-512 BF16, AMX; generating ran 1.9x faster on a Zen 4), else float32. "
-                   "Held-out acceptance is measured in float32 either way.")
+              help="Matmul precision while the target generates and the head trains. auto: bfloat16 where the "
+                   "device has it natively (a CPU with AVX-512 BF16 or AMX: generating ran 1.9x faster on a Zen 4; "
+                   "CUDA GPUs from Ampere on), else float32. Held-out acceptance is measured in float32 either way.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+              help="Where the target generates and the head trains. auto: the first CUDA GPU when this torch sees "
+                   "one, else the CPU. The data cache stays in host memory (about 1 MB per sequence of 256 "
+                   "tokens on a 576-wide target); a run resumes on another device.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str,
-                self_prompts: int) -> None:
+                self_prompts: int, device: str) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
     target writes itself (never a download).
 
@@ -305,7 +309,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
                            num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute,
-                           self_prompts=self_prompts)
+                           self_prompts=self_prompts, device=device)
     prompts = read_prompts(prompts_file) if prompts_file else None
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,
@@ -313,7 +317,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     held = record["heldout"]
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f}, "
                f"{held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
-               f"(trained in {record['compute']}, {record['time_s']['total_this_run'] / 60:.0f} min)")
+               f"(trained in {record['compute']} on {record['device']}, "
+               f"{record['time_s']['total_this_run'] / 60:.0f} min)")
     if self_prompts:
         click.echo(f"the target wrote {record['data']['prompts_written']} of the {self_prompts} prompts asked for: "
                    f"{Path(output) / WRITTEN_NAME}")

@@ -384,8 +384,8 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"EAGLE-3 step: attention_mask is {tuple(attention_mask.shape)}, expected "
                               f"{(b, 1, t, past + t)}")
         if attention_mask.dtype == torch.bool:
-            attention_mask = torch.where(attention_mask, torch.tensor(0.0, dtype=features.dtype),
-                                         torch.tensor(torch.finfo(features.dtype).min, dtype=features.dtype))
+            zero = torch.zeros((), dtype=features.dtype, device=features.device)
+            attention_mask = torch.where(attention_mask, zero, torch.finfo(features.dtype).min + zero)
         cos, sin = self.rotary(features, position_ids)
         return self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
 

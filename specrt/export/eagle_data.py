@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
-from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head
+from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head, model_device
 from .eagle_prompts import MESSAGE_TOKENS, with_bos, write_prompts
 from .precision import generating
 from .progress import PhaseProgress
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 _GEN_BATCH = 128  # rows sampled together (prompts of unequal length left-padded; SmolLM2-135M, 2 Zen 4 cores:
 # 339 tokens/s in bfloat16, 176 in float32)
+_GEN_BATCH_CUDA = 512  # a GPU's step costs launches, not bytes: wider batches are nearly free there
 _MIN_WINDOW = 4  # text windows shorter than this (tokens) are dropped
 
 # progress(phase, done, total, loss): phase is "generate" (sequences), "cache" (sequences), "train"
@@ -62,11 +63,13 @@ class SequenceCache:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def batch(self, index: Sequence[int]) -> SequenceCache:
-        """Rows ``index``, cut to their longest sequence."""
+    def batch(self, index: Sequence[int], device: torch.device | str | None = None) -> SequenceCache:
+        """Rows ``index``, cut to their longest sequence (on ``device``, where given: the cache itself stays
+        in host memory)."""
         idx = torch.as_tensor(list(index), dtype=torch.long)
         t = int(self.length[idx].max())
-        return SequenceCache(**{name: (v[idx, :t] if v.dim() > 1 else v[idx]) for name, v in vars(self).items()})
+        return SequenceCache(**{name: (v[idx, :t] if v.dim() > 1 else v[idx]).to(device)
+                                for name, v in vars(self).items()})
 
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in vars(self).values())
@@ -112,10 +115,15 @@ def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     return sorted(order[held:]), sorted(order[:held])
 
 
-def _length_batches(rows: list[int], encoded: dict[int, list[int]]) -> list[list[int]]:
-    """``rows`` (prompt indices) in batches of _GEN_BATCH, sorted by prompt length so a batch pads little."""
+def gen_batch(device: torch.device) -> int:
+    """Rows the target generates together on ``device``."""
+    return _GEN_BATCH_CUDA if device.type == "cuda" else _GEN_BATCH
+
+
+def _length_batches(rows: list[int], encoded: dict[int, list[int]], size: int) -> list[list[int]]:
+    """``rows`` (prompt indices) in batches of ``size``, sorted by prompt length so a batch pads little."""
     rows = sorted(rows, key=lambda i: (len(encoded[i]), i))
-    return [rows[lo:lo + _GEN_BATCH] for lo in range(0, len(rows), _GEN_BATCH)]
+    return [rows[lo:lo + size] for lo in range(0, len(rows), size)]
 
 
 def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
@@ -141,9 +149,10 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
     train_prompts = [i for i in train_groups if i in encoded]
     per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
     # one row per continuation, batched across prompts; held-out prompts get one greedy row each
+    size = gen_batch(model_device(model))
     batches = [(cfg.temperature, b) for b in _length_batches([i for i in train_prompts for _ in range(per_prompt)],
-                                                             encoded)]
-    batches += [(0.0, b) for b in _length_batches([i for i in held_list if i in encoded], encoded)]
+                                                             encoded, size)]
+    batches += [(0.0, b) for b in _length_batches([i for i in held_list if i in encoded], encoded, size)]
     total = sum(len(b) for _, b in batches)
     gen = torch.Generator().manual_seed(cfg.seed)
     train: list[_Seq] = []
@@ -206,6 +215,8 @@ def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, se
     draft ids' target ids (its LM head on its last hidden state), computed on scored positions only."""
     n, width = len(seqs), seqs[0].taps.shape[-1]
     k = min(topk, len(targets))
+    dev = lm_head.weight.device  # the LM head's products on its own device, the cache in host memory
+    targets = targets.to(dev)
     weight = lm_head.weight[targets].float()  # [D, H_t]
     bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[targets].float()
     c = SequenceCache(tokens=torch.zeros(n, seq_len, dtype=torch.int32), length=torch.zeros(n, dtype=torch.int32),
@@ -222,9 +233,9 @@ def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, se
         c.taps[i, :m], c.top1[i, :m] = q.taps, q.top1
         lo, hi = max(1, q.start), int(c.stop[i])
         if hi > lo:
-            logits = F.linear(q.final[lo:hi], weight, bias)
+            logits = F.linear(q.final[lo:hi].to(dev), weight, bias)
             top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
-            c.logp[i, lo:hi], c.ids[i, lo:hi] = top.values.half(), top.indices.int()
+            c.logp[i, lo:hi], c.ids[i, lo:hi] = top.values.half().cpu(), top.indices.int().cpu()
         seqs[i] = None  # consumed: its fp32 states are freed as the cache fills
         progress("cache", done + i + 1, total, None)
     return c
@@ -232,7 +243,7 @@ def _cache(seqs: list[_Seq], lm_head: torch.nn.Module, targets: torch.Tensor, se
 
 def scored_rows(c: SequenceCache) -> torch.Tensor:
     """[N, T] bool: target position t is scored (start <= t < stop, t >= 1)."""
-    t = torch.arange(c.tokens.shape[1])[None]
+    t = torch.arange(c.tokens.shape[1], device=c.tokens.device)[None]
     return (t >= c.start[:, None].clamp_min(1)) & (t < c.stop[:, None])
 
 
@@ -297,7 +308,7 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     t0 = time.perf_counter()
     writer = generating(model, compute)
     written = write_prompts(writer, tok, cfg.self_prompts, end_ids, torch.Generator().manual_seed(cfg.seed), taps,
-                            exclude=prompts, batch=_GEN_BATCH, max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
+                            exclude=prompts, batch=gen_batch(model_device(model)), max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
                             progress=report) if cfg.self_prompts else []  # half the sequence left for a reply
     times = {"prompts": time.perf_counter() - t0}
     train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written)

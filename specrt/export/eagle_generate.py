@@ -1,6 +1,10 @@
 """How the target writes an EAGLE-3 head's training data (``eagle_data`` assembles it): its own
 continuations of seed prompts, batched across prompts, and teacher-forced passes over text, each keeping the
-target's taps, last hidden state and argmax at every position."""
+target's taps, last hidden state and argmax at every position.
+
+The target runs on its own device (the CPU or a CUDA GPU); what it writes lands in host memory, where the
+cache is assembled, and sampling draws its uniforms from a CPU generator, so a seed gives the same stream of
+draws on either device."""
 
 from __future__ import annotations
 
@@ -16,6 +20,12 @@ from ..errors import ConfigError
 from .progress import PhaseProgress
 
 Progress = PhaseProgress
+
+
+def model_device(model: Any) -> torch.device:
+    """Where ``model`` (a transformers model or ``precision.generating``'s copy) keeps its weights."""
+    weights = model.parameters() if isinstance(model, torch.nn.Module) else model.get_decoder().parameters()
+    return next(weights).device
 
 
 def _forward_kwargs(decoder: Any, cache: Any) -> dict:
@@ -38,7 +48,7 @@ def _target_pass(model: Any, taps: Sequence[int], last_only: bool, **kwargs: Any
 def check_logits_are_lm_head(model: Any, ids: Sequence[int]) -> None:
     """The cache's logits are the LM head applied to the last hidden state; refuse a target where its own
     logits are not that (a logit scale or soft-cap between the two)."""
-    x = torch.tensor([list(ids)[:16]])
+    x = torch.tensor([list(ids)[:16]], device=model_device(model))
     with torch.no_grad():
         out = model(input_ids=x, output_hidden_states=True, use_cache=False)
         mine = model.get_output_embeddings()(out.hidden_states[-1])
@@ -56,10 +66,10 @@ def sample_rows(probs: torch.Tensor, gen: torch.Generator, block: int = 256) -> 
     p = (F.pad(probs, (0, -v % block)) if v % block else probs).view(n, -1, block)  # [n, blocks, block]
     mass = p.sum(-1).double()  # [n, blocks]
     cdf = mass.cumsum(-1)
-    u = torch.rand(n, 1, generator=gen, dtype=torch.float64) * cdf[:, -1:]
+    u = torch.rand(n, 1, generator=gen, dtype=torch.float64).to(probs.device) * cdf[:, -1:]
     b = torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1)  # [n, 1]
     u = u - (cdf.gather(1, b) - mass.gather(1, b))  # what is left to walk inside block b
-    inner = p[torch.arange(n), b[:, 0]].double().cumsum(-1)  # [n, block]
+    inner = p[torch.arange(n, device=probs.device), b[:, 0]].double().cumsum(-1)  # [n, block]
     j = torch.searchsorted(inner, u, right=True).clamp_max(block - 1)
     return (b * block + j)[:, 0].clamp_max(v - 1)
 
@@ -135,15 +145,17 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
 
     Rows of different lengths are left-padded, with the padding masked out and each row's positions
     counted from its own first token, so a row sees what it would alone (up to the float rounding of
-    batched kernels); a row that ends leaves the batch (and its KV cache), so the rest run no wider."""
+    batched kernels); a row that ends leaves the batch (and its KV cache), so the rest run no wider. The
+    bookkeeping (rows, quotas, ends) stays on the host; inputs, KV cache and logits on the target's device."""
+    dev = model_device(model)
     n, lengths = len(prompts), torch.tensor([len(q) for q in prompts])
     width = int(lengths.max())
     pad = width - lengths  # [n]: left padding of each row
     quota = (max_len - lengths).clamp_min(0)  # new tokens each row may add
     cache = _grown_in_place(model, width + int(quota.max()))
     kwargs = _forward_kwargs(model.get_decoder(), cache)
-    ids = torch.tensor([[0] * (width - len(q)) + list(q) for q in prompts])
-    mask = (torch.arange(width)[None] >= pad[:, None]).long()
+    ids = torch.tensor([[0] * (width - len(q)) + list(q) for q in prompts], device=dev)
+    mask = (torch.arange(width)[None] >= pad[:, None]).long().to(dev)
     positions = (mask.cumsum(1) - 1).clamp_min(0)
     tap_now, final_now, logits = _target_pass(model, taps, True, input_ids=ids, attention_mask=mask,
                                               position_ids=positions, **kwargs)
@@ -152,8 +164,8 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
     tap_all = torch.zeros(n, cols, tap_now.shape[-1], dtype=tap_now.dtype)
     final_all = torch.zeros(n, cols, final_now.shape[-1])
     top1_all = torch.zeros(n, cols, dtype=torch.int32)  # prompt positions but the last are never scored
-    tap_all[:, :width], final_all[:, :width] = tap_now, final_now
-    top1_all[:, width - 1] = logits.argmax(-1)
+    tap_all[:, :width], final_all[:, :width] = tap_now.cpu(), final_now.cpu()
+    top1_all[:, width - 1] = logits.argmax(-1).cpu()
     new = torch.full((n, max(1, int(quota.max()))), -1, dtype=torch.long)
     ends = torch.tensor(end_ids or [-1])
     rows = torch.arange(n)  # the batch's rows, in cache order
@@ -163,17 +175,18 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
     def keep(which: torch.Tensor) -> None:
         nonlocal rows, logits, mask, positions
         if not bool(which.all()):
-            cache.batch_select_indices(torch.nonzero(which)[:, 0])
-            rows, logits, mask, positions = rows[which], logits[which], mask[which], positions[which]
+            on_dev = which.to(dev)
+            cache.batch_select_indices(torch.nonzero(on_dev)[:, 0])
+            rows, logits, mask, positions = rows[which], logits[on_dev], mask[on_dev], positions[on_dev]
 
     while True:
         keep(~done[rows])
         if not len(rows):
             break
         if temperature == 0:
-            nxt = logits.argmax(-1)
+            nxt = logits.argmax(-1).cpu()
         else:
-            nxt = sample_rows((logits - logits.max(-1, keepdim=True).values).mul_(1 / temperature).exp_(), gen)
+            nxt = sample_rows((logits - logits.max(-1, keepdim=True).values).mul_(1 / temperature).exp_(), gen).cpu()
         new[rows, step] = nxt
         step += 1
         ended = torch.isin(nxt, ends)
@@ -181,15 +194,15 @@ def _continue(model: Any, prompts: Sequence[list[int]], max_len: int, temperatur
         keep(~ended)  # the states at an end id are never read; at a row's last token by quota, they are
         if not len(rows):
             break
-        nxt = nxt[~ended]
-        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
+        nxt = nxt[~ended].to(dev)
+        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=dev)], dim=1)
         positions = positions[:, -1:] + 1
         tap_now, final_now, logits = _target_pass(model, taps, True, input_ids=nxt[:, None], attention_mask=mask,
                                                   position_ids=positions, **kwargs)
         logits = logits[:, -1]
         col = width + step - 1
-        tap_all[rows, col], final_all[rows, col] = tap_now[:, -1], final_now[:, -1]
-        top1_all[rows, col] = logits.argmax(-1).int()
+        tap_all[rows, col], final_all[rows, col] = tap_now[:, -1].cpu(), final_now[:, -1].cpu()
+        top1_all[rows, col] = logits.argmax(-1).int().cpu()
     result = []
     for r, prompt in enumerate(prompts):
         row = [x for x in new[r].tolist() if x >= 0]
@@ -209,9 +222,9 @@ def _teacher_forced(model: Any, windows: list[list[int]], taps: Sequence[int], b
     for lo in range(0, len(windows), batch_size):
         group = windows[lo:lo + batch_size]
         m = max(len(w) for w in group)
-        ids = torch.tensor([w + [0] * (m - len(w)) for w in group])
+        ids = torch.tensor([w + [0] * (m - len(w)) for w in group], device=model_device(model))
         tap_all, final_all, logits = _target_pass(model, taps, False, input_ids=ids, use_cache=False)
-        top1 = logits.argmax(-1).int()
+        tap_all, final_all, top1 = tap_all.cpu(), final_all.cpu(), logits.argmax(-1).int().cpu()
         result += [_Seq(w, 1, tap_all[i, :len(w)], final_all[i, :len(w)], top1[i, :len(w)])
                    for i, w in enumerate(group)]
         if progress:

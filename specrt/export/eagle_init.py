@@ -38,7 +38,8 @@ def new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, seed: int, *,
     head = Eagle3Head(cfg)
     if from_target:
         with torch.no_grad():
-            head.lm_head.weight.copy_(model.get_output_embeddings().weight[targets].float())
+            weight = model.get_output_embeddings().weight  # the head starts on the CPU, the target anywhere
+            head.lm_head.weight.copy_(weight[targets.to(weight.device)].float())
             norm = getattr(getattr(model, "model", None), "norm", None)
             if norm is not None and getattr(norm, "weight", None) is not None:
                 head.norm.weight.copy_(norm.weight.float())

@@ -49,7 +49,7 @@ from .eagle_data import (
 from .eagle_init import head_config, init_head, new_head, saved_copy
 from .eagle_prompts import user_turn
 from .gguf import find_gguf, stage_reused
-from .precision import COMPUTES, compute_context, resolve_compute
+from .precision import COMPUTES, compute_context, parse_device, resolve_compute, resolve_device
 
 FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
@@ -59,7 +59,7 @@ CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
 # Fields that change neither the data nor the optimisation (compute: only their rounding): a resumed run may set
 # them differently.
-_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute")
+_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute", "device")
 
 
 
@@ -104,7 +104,10 @@ class EagleTrainConfig:
     keep_checkpoint: bool = False  # keep out_dir/.train (cache + checkpoint) after a finished run
     init: str | None = None  # a head to start from (warm start): its weights and draft vocabulary are kept
     compute: str = "auto"  # matmul precision of generating and training (autocast); auto: bfloat16 where the
-    # CPU has it natively (AVX-512 BF16, AMX), else float32. Held-out acceptance is always measured in float32
+    # CPU has it natively (AVX-512 BF16, AMX) and on CUDA GPUs from Ampere on, else float32. Held-out acceptance is
+    # always measured in float32
+    device: str = "auto"  # where the target generates and the head trains: auto (a CUDA GPU when torch sees one,
+    # else the CPU), cpu, cuda or cuda:N. The data cache stays in host memory either way
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -130,6 +133,12 @@ class EagleTrainConfig:
             raise ConfigError(f"eagle train: data_format must be 'chunks' or 'lines', got {self.data_format!r}")
         if self.init is not None and not (isinstance(self.init, str) and self.init):
             raise ConfigError(f"eagle train: init must be a head folder's path, got {self.init!r}")
+        if not (isinstance(self.device, str) and self.device):
+            raise ConfigError(f"eagle train: device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        try:
+            parse_device(self.device)
+        except ConfigError as e:
+            raise ConfigError(f"eagle train: {e}") from None
         if self.compute not in COMPUTES:
             raise ConfigError(f"eagle train: compute must be one of {', '.join(COMPUTES)}, got {self.compute!r}")
         if self.dtype not in DTYPES:
@@ -149,7 +158,7 @@ class EagleTrainConfig:
 # ----------------------------------------------------------------------------------------- the TTT mask
 
 
-def ttt_mask(seq_len: int, step: int) -> torch.Tensor:
+def ttt_mask(seq_len: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The bool attention mask (True = attend) of unrolled step ``step`` over the keys of steps 0..step.
 
     Shape [T, (step+1)·T]: block s' (columns s'·T .. s'·T+T-1) holds the keys step s' computed for rows
@@ -159,8 +168,8 @@ def ttt_mask(seq_len: int, step: int) -> torch.Tensor:
     c == j - s + s' (the chain's depth-s' row, itself when s' = s). Rows with j < s have no root; they
     see only their own chain cells and are never scored.
     """
-    j = torch.arange(seq_len)[:, None]
-    c = torch.arange(seq_len)[None, :]
+    j = torch.arange(seq_len, device=device)[:, None]
+    c = torch.arange(seq_len, device=device)[None, :]
     return torch.cat([c <= j - step] + [c == j - step + s for s in range(1, step + 1)], dim=1)
 
 
@@ -173,12 +182,13 @@ def ttt_hidden(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth
     Gradients flow through the fed-back features and the earlier keys, as in EAGLE-3's training.
     """
     b, t = taps.shape[:2]
-    positions = torch.arange(t).expand(b, t)  # row j sits at position j at every step (the chain's position)
-    hidden, key, value = head.layer(head.fuse(taps), embeds, positions, ttt_mask(t, 0).expand(b, 1, t, t))
+    dev = taps.device
+    positions = torch.arange(t, device=dev).expand(b, t)  # row j sits at position j at every step (the chain's)
+    hidden, key, value = head.layer(head.fuse(taps), embeds, positions, ttt_mask(t, 0, dev).expand(b, 1, t, t))
     hiddens, keys, values = [hidden], [key], [value]
     for s in range(1, depth):
         features = F.pad(hidden[:, :-1], (0, 0, 1, 0))  # row j ← row j-1's previous-step output
-        mask = ttt_mask(t, s).expand(b, 1, t, (s + 1) * t)
+        mask = ttt_mask(t, s, dev).expand(b, 1, t, (s + 1) * t)
         hidden, key, value = head.layer(features, embeds, positions, mask, torch.cat(keys, dim=1),
                                         torch.cat(values, dim=1))
         hiddens.append(hidden)
@@ -195,7 +205,8 @@ def ttt_forward(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, dept
 # ------------------------------------------------------------------------------------ loss and metrics
 
 
-def _kl(logits: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _kl(logits: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum over the ``keep`` rows, their count) of KL(p || q) over the draft vocabulary coarsened to p's stored
     top-k ids plus one bucket for the rest (exact when k = D; never more than the full KL). logits [B, T, D]
     (the head's), logp / ids [B, T, k] (the target's, row-aligned), keep [B, T] bool."""
@@ -207,11 +218,11 @@ def _kl(logits: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, keep: torch
         rest_p = (1 - p.sum(-1)).clamp_min(0)  # fp16 log-probs may sum a hair over 1
         rest_logq = torch.logsumexp(logq.scatter(-1, ids.long(), float("-inf")), dim=-1)
         kl = kl + rest_p * (torch.log(rest_p.clamp_min(1e-12)) - rest_logq)
-    return (kl * keep).sum(), int(keep.sum())
+    return (kl * keep).sum(), keep.sum()  # the count stays a tensor: no device sync per unrolled step
 
 
 def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: SequenceCache, depth: int, *,
-              all_rows: bool = False) -> tuple[list[torch.Tensor] | None, list[tuple[torch.Tensor, int]]]:
+              all_rows: bool = False) -> tuple[list[torch.Tensor] | None, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Per step s the (KL sum, rows) over rows j = r + s (root r = j - s >= 0) whose target position j+1 is
     scored and whose target argmax has a draft id (EAGLE-3's position_mask). The LM head runs on those rows
     only; ``all_rows`` also returns each step's logits [B, T, D] at every row (for acceptance), else None."""
@@ -219,13 +230,13 @@ def _step_kls(head: Eagle3Head, embed: torch.Tensor, t2d: torch.Tensor, b: Seque
     hiddens = ttt_hidden(head, b.taps.float(), embeds, depth)
     target_ok = F.pad((scored_rows(b) & t2d[b.top1.long()])[:, 1:], (0, 1))  # row j: target position j+1
     logp, ids = F.pad(b.logp[:, 1:], (0, 0, 0, 1)), F.pad(b.ids[:, 1:], (0, 0, 0, 1))
-    row = torch.arange(b.tokens.shape[1])[None]
+    row = torch.arange(b.tokens.shape[1], device=b.tokens.device)[None]
     logits = [head.logits(h) for h in hiddens] if all_rows else None
     kls = []
     for s, h in enumerate(hiddens):
         keep = target_ok & (row >= s)
         lg = logits[s][keep] if logits is not None else head.logits(h[keep])
-        kls.append(_kl(lg, logp[keep], ids[keep], torch.ones(len(lg), dtype=torch.bool)))
+        kls.append(_kl(lg, logp[keep], ids[keep], torch.ones(len(lg), dtype=torch.bool, device=lg.device)))
     return logits, kls
 
 
@@ -237,13 +248,14 @@ def optimizer(head: Eagle3Head, cfg: EagleTrainConfig) -> torch.optim.AdamW:
 def train_step(head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor, t2d: torch.Tensor,
                batch: SequenceCache, cfg: EagleTrainConfig, compute: str, step: int) -> list[float]:
     """One update at ``step``'s learning rate: the unrolled steps' KLs (under ``compute``), their decayed sum,
-    backward, the gradient-norm clip, AdamW. Returns each unrolled step's mean KL."""
+    backward, the gradient-norm clip, AdamW. Returns each unrolled step's mean KL. Head, ``embed``, ``t2d``
+    and ``batch`` sit on one device (``SequenceCache.batch(..., device)``)."""
     head.train()
     for group in opt.param_groups:
         group["lr"] = cfg.lr_at(step)
-    with compute_context(compute):
+    with compute_context(compute, embed.device):
         _, kls = _step_kls(head, embed, t2d, batch, cfg.ttt_steps)
-    losses = [total / max(1, rows) for total, rows in kls]  # per step: the mean over its rows
+    losses = [total / rows.clamp_min(1) for total, rows in kls]  # per step: the mean over its rows
     loss = sum(cfg.loss_decay ** s * v for s, v in enumerate(losses))
     value = float(loss.detach())
     if not math.isfinite(value):
@@ -258,7 +270,8 @@ def train_step(head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor
 @torch.no_grad()
 def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, data: SequenceCache,
              cfg: EagleTrainConfig, progress: Progress | None = None) -> dict:
-    """Greedy acceptance as the runtime's chain meets it, on cached (held-out) sequences.
+    """Greedy acceptance as the runtime's chain meets it, on cached (held-out) sequences (host memory; each
+    batch is moved to ``d2t``'s device, where the head, ``embed`` and ``t2d`` are).
 
     A proposal starts at every root r whose next target position r+1 is scored: the head's step-0 draft of
     row r is accepted iff it maps to the target's argmax at r+1 (``alpha1``). Deeper draft s (row r+s) is
@@ -275,11 +288,11 @@ def evaluate(head: Eagle3Head, embed: torch.Tensor, d2t: torch.Tensor, t2d: torc
     kl_sum, kl_rows = [0.0] * depth, [0] * depth
     batches = range(0, len(data), cfg.batch_size)
     for n_done, lo in enumerate(batches, 1):
-        b = data.batch(range(lo, min(len(data), lo + cfg.batch_size)))
+        b = data.batch(range(lo, min(len(data), lo + cfg.batch_size)), d2t.device)
         logits, kls = _step_kls(head, embed, t2d, b, depth, all_rows=True)
         for s, (total, rows) in enumerate(kls):
             kl_sum[s] += float(total)
-            kl_rows[s] += rows
+            kl_rows[s] += int(rows)
         top1 = b.top1.long()
         nxt = F.pad(top1[:, 1:], (0, 1), value=-1)  # row j's target: the argmax at position j+1
         scored = F.pad(scored_rows(b)[:, 1:], (0, 1))  # row j: target position j+1 is scored
@@ -347,6 +360,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     cfg = config
     if not isinstance(cfg, EagleTrainConfig):
         raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
+    device = resolve_device(cfg.device)  # before anything is read or written
+    compute = resolve_compute(cfg.compute, device)
     source = Path(target_dir).expanduser()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -365,7 +380,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not all(isinstance(p, str) and p for p in prompts):
         raise ConfigError("eagle train: prompts must be non-empty strings")
     report: Progress = progress or (lambda phase, done, total, loss: None)
-    compute = resolve_compute(cfg.compute)
 
     t_start = time.perf_counter()
     target_config = load_config(str(source))
@@ -382,7 +396,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             if gguf is None or item.name != "target":  # (the target just read from its GGUF stays)
                 shutil.rmtree(item) if item.is_dir() else item.unlink()
 
-    model = load_causal_lm(str(source), "float32")
+    model = load_causal_lm(str(source), "float32").to(device)
     model.requires_grad_(False)
     end_ids = target_end_ids(str(source), target_config, tok)
     taps = tap_layers(target_config.num_hidden_layers)
@@ -399,8 +413,10 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             head = new_head(head_cfg, model, targets, cfg.seed, from_target=cfg.init_from_target)
         else:
             head_cfg, head = init[:2]
+        head = head.to(device)
         embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
         del model
+        d2t_on, t2d_on = d2t.to(device), t2d.to(device)  # d2t, t2d stay on the host, as saved
         opt = optimizer(head, cfg)
         state = _resume_state(work, fingerprint, cfg) if resume else None
         if state is not None:
@@ -410,7 +426,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             start, history, train_s, heldout_init = state["step"], state["history"], state["train_s"], state["init"]
         else:
             t0 = time.perf_counter()
-            heldout_init = evaluate(head, embed, d2t, t2d, held, cfg)
+            heldout_init = evaluate(head, embed, d2t_on, t2d_on, held, cfg)
             times["evaluate_init"] = time.perf_counter() - t0
             start, history, train_s = 0, [], 0.0
         if start:
@@ -420,7 +436,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            losses = train_step(head, opt, embed, t2d, train.batch(sampler.batch(step)), cfg, compute, step)
+            losses = train_step(head, opt, embed, t2d_on, train.batch(sampler.batch(step), device), cfg, compute,
+                                step)
             train_s += time.perf_counter() - t0
             history.append(losses)
             if (step + 1) % cfg.checkpoint_every == 0:
@@ -431,8 +448,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             report("train", step + 1, cfg.steps, sum(w * v for w, v in zip(weights, losses)))
 
         t0 = time.perf_counter()
-        saved = saved_copy(head, cfg.dtype)
-        heldout = evaluate(saved, embed, d2t, t2d, held, cfg, report)
+        saved = saved_copy(head, cfg.dtype).to(device)
+        heldout = evaluate(saved, embed, d2t_on, t2d_on, held, cfg, report)
         times["evaluate"] = time.perf_counter() - t0
     times["train"] = train_s
 
@@ -449,7 +466,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                  "last": sum(w * v for w, v in zip(weights, history[-1])),
                  "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
         "heldout_init": heldout_init, "heldout": heldout,
-        "resumed_from": start or None, "compute": compute,
+        "resumed_from": start or None, "compute": compute, "device": _device_name(device),
         "time_s": {**times, "total_this_run": time.perf_counter() - t_start},
         "versions": _versions(),
     }
@@ -464,11 +481,15 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     return record
 
 
+def _device_name(device: torch.device) -> str:
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+
 def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict | None:
     path = work / CHECKPOINT_NAME
     if not path.is_file():
         return None
-    state = torch.load(path, weights_only=True)
+    state = torch.load(path, weights_only=True, map_location="cpu")  # a GPU run resumes on the CPU too
     if state["fingerprint"] != fingerprint or state["config"] != _training_fields(cfg):
         same_data = state["fingerprint"] == fingerprint
         reuse = "; delete it to train on the cached data with these settings" if same_data else ""

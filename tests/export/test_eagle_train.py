@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.models import CHAT_TEMPLATE, make_tokenizer, save_model
+from support.models import CHAT_TEMPLATE, make_tokenizer, save_model, tiny_head_and_batch
 
 from specrt.errors import ConfigError, ModelLoadError
 from specrt.export import eagle_data as ed
@@ -128,27 +128,9 @@ def test_ttt_forward_equals_the_runtimes_chain():
                 hidden = step.hidden
 
 
-def _tiny_head_and_batch():
-    """A 20-id draft head over a 50-id target and 3 cached sequences of 10 rows (scored from start to stop)."""
-    cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
-    torch.manual_seed(0)
-    head = Eagle3Head(cfg)
-    n, t, k = 3, 10, 5
-    g = torch.Generator().manual_seed(1)
-    logp = torch.log_softmax(torch.randn(n, t, 20, generator=g), -1).topk(k, -1)
-    b = SequenceCache(tokens=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32),
-                      length=torch.tensor([10, 7, 9], dtype=torch.int32), start=torch.tensor([2, 1, 4], dtype=torch.int32),
-                      stop=torch.tensor([10, 6, 9], dtype=torch.int32), taps=torch.randn(n, t, 72, generator=g).half(),
-                      logp=logp.values.half(), ids=logp.indices.int(),
-                      top1=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32))
-    embed, t2d = torch.randn(50, 32, generator=g), torch.rand(50, generator=g) < 0.7
-    return head, embed, t2d, b
-
-
 def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
     """Training runs the LM head on the rows it scores only; the KL sums are those of the full logits."""
-    head, embed, t2d, b = _tiny_head_and_batch()
+    head, embed, t2d, b = tiny_head_and_batch()
     n, t = b.tokens.shape
     logits, kls = et._step_kls(head, embed, t2d, b, 3, all_rows=True)
     assert logits is not None and [tuple(lg.shape) for lg in logits] == [(n, t, 20)] * 3
@@ -162,7 +144,7 @@ def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
 def test_a_train_step_lowers_the_loss_and_refuses_a_non_finite_one_before_updating():
     """The step the training loop and benchmarks/eagle_train_speed.py share: the learning rate of its step
     (warm-up from near zero), clipped gradients, and nothing applied when the loss is not finite."""
-    head, embed, t2d, b = _tiny_head_and_batch()
+    head, embed, t2d, b = tiny_head_and_batch()
     cfg = EagleTrainConfig(steps=40, lr=1e-2, ttt_steps=3, seq_len=10, compute="float32")
     opt = et.optimizer(head, cfg)
     first = et.train_step(head, opt, embed, t2d, b, cfg, "float32", 0)

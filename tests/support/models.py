@@ -196,3 +196,24 @@ def save_eagle_head(folder: Path, target: Path, *, seed: int = 0, draft_vocab: i
             elif name == "fc.weight":  # three taps summed: keep the fused features near unit scale
                 p.mul_(0.5)
     return save_eagle3(folder, cfg, head.eval(), used - torch.arange(cfg.draft_vocab_size), t2d)
+
+
+def tiny_head_and_batch():
+    """A 20-id draft head over a 50-id target and 3 cached sequences of 10 rows (scored from start to stop)."""
+    from specrt.export.eagle import Eagle3Config, Eagle3Head
+    from specrt.export.eagle_data import SequenceCache
+
+    cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg)
+    n, t, k = 3, 10, 5
+    g = torch.Generator().manual_seed(1)
+    logp = torch.log_softmax(torch.randn(n, t, 20, generator=g), -1).topk(k, -1)
+    b = SequenceCache(tokens=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32),
+                      length=torch.tensor([10, 7, 9], dtype=torch.int32), start=torch.tensor([2, 1, 4], dtype=torch.int32),
+                      stop=torch.tensor([10, 6, 9], dtype=torch.int32), taps=torch.randn(n, t, 72, generator=g).half(),
+                      logp=logp.values.half(), ids=logp.indices.int(),
+                      top1=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32))
+    embed, t2d = torch.randn(50, 32, generator=g), torch.rand(50, generator=g) < 0.7
+    return head, embed, t2d, b
