@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specrt.bundle.machine import cpu_name
-from specrt.export.eagle import load_eagle3
+from specrt.export.eagle_checkpoint import load_eagle3
 from specrt.export.eagle_data import SequenceCache, _encode_prompt
 from specrt.export.eagle_generate import _continue
 from specrt.export.eagle_train import EagleTrainConfig, optimizer, train_step

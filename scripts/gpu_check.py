@@ -244,7 +244,7 @@ def eagle_train_check(work: Path) -> dict:
     import torch
     from support.models import make_tokenizer, save_model
 
-    from specrt.export.eagle import load_eagle3
+    from specrt.export.eagle_checkpoint import load_eagle3
     from specrt.export.eagle_train import EagleTrainConfig, train_eagle
 
     target = save_model(work / "train-target", "llama", seed=1, vocab=288, layers=4, hidden=64, heads=4, kv_heads=2,

@@ -1,4 +1,5 @@
-"""EAGLE-3 draft heads: the config, a PyTorch reference forward, and the published checkpoint layout.
+"""EAGLE-3 draft heads: the config and a PyTorch reference forward (the checkpoint folder in the published
+layout is :mod:`specrt.export.eagle_checkpoint`).
 
 A head is one decoder layer that reads three of the target's hidden states (fused by ``fc``) next to
 the next token's embedding and predicts over a reduced draft vocabulary. The layout, the forward pass
@@ -10,11 +11,8 @@ silently ignored.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -28,9 +26,6 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 # training config says LlamaForCausalLM (the weights then tell EAGLE-3 from EAGLE-1/2).
 _ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLM"}
 _EAGLE12_ARCHITECTURES = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle"}
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-BIN_NAME = "pytorch_model.bin"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -453,166 +448,3 @@ def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab
         i = int((targets == j).nonzero()[0])
         raise EagleHeadError(f"t2d misses target id {j}, which d2t maps draft id {i} to")
     return d2t, t2d
-
-
-# ---------------------------------------------------------------------------------------------------
-# The checkpoint folder.
-
-
-def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
-    h, d = cfg.hidden_size, cfg.head_dim
-    attn = {"q_proj": (cfg.num_attention_heads * d, 2 * h), "k_proj": (cfg.num_key_value_heads * d, 2 * h),
-            "v_proj": (cfg.num_key_value_heads * d, 2 * h), "o_proj": (h, cfg.num_attention_heads * d)}
-    mlp = {"gate_proj": (cfg.intermediate_size, h), "up_proj": (cfg.intermediate_size, h),
-           "down_proj": (h, cfg.intermediate_size)}
-    return {"fc.weight": (h, 3 * cfg.target_hidden_size),
-            "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
-            **{f"midlayer.self_attn.{n}.weight": s for n, s in attn.items()},
-            "midlayer.post_attention_layernorm.weight": (h,),
-            **{f"midlayer.mlp.{n}.weight": s for n, s in mlp.items()},
-            "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h)}
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    import pickle
-
-    from safetensors import SafetensorError
-
-    st, bin_ = folder / WEIGHTS_NAME, folder / BIN_NAME
-    if st.is_file() or bin_.is_file():
-        try:
-            if st.is_file():
-                from safetensors.torch import load_file
-
-                return load_file(str(st))
-            state = torch.load(str(bin_), map_location="cpu", weights_only=True)
-        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-            # what safetensors and torch.load raise for a truncated or corrupt file
-            raise EagleHeadError(f"could not read the weights of {folder}: {str(e).splitlines()[0]}") from None
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise EagleHeadError(f"{bin_} is not a state dict of tensors")
-        return state
-    if (folder / (WEIGHTS_NAME + ".index.json")).is_file() or (folder / (BIN_NAME + ".index.json")).is_file():
-        raise EagleHeadError(f"{folder} holds a sharded checkpoint; EAGLE-3 heads are read from one file")
-    raise EagleHeadError(f"{folder} has no {WEIGHTS_NAME} or {BIN_NAME}")
-
-
-def _check_layout(state: dict[str, torch.Tensor], raw: dict, where: str) -> None:
-    """EAGLE-1/2 and other layouts, told apart before the config's shapes are checked."""
-    keys = set(state)
-    fc = state.get("fc.weight")
-    hidden = raw.get("hidden_size") if isinstance(raw, dict) else None
-    fused = 3 * (raw.get("target_hidden_size") or hidden) if isinstance(hidden, int) else None
-    # EAGLE-1/2's fc reads cat(embedding, feature): 2H inputs (and 3*H_t may equal 2H only by accident)
-    fc_2h = (fc is not None and fc.dim() == 2 and fc.shape[1] == 2 * fc.shape[0] and fc.shape[1] != fused)
-    if not any(k.startswith("midlayer.") for k in keys):
-        if any(k.startswith("layers.") for k in keys):
-            if fc_2h or "fc.bias" in keys or not any(k.endswith("hidden_norm.weight") for k in keys):
-                raise EagleHeadError(f"{where} is an EAGLE-1/2 checkpoint (layers.N.*, fc over 2H, no midlayer); "
-                                     "specrt reads EAGLE-3 heads only")
-            raise EagleHeadError(f"{where} stores its decoder layer as layers.N.* (speculators or multi-layer "
-                                 "EAGLE-3); only the single midlayer.* layout is supported")
-        raise EagleHeadError(f"{where} has no midlayer.* weights: not an EAGLE-3 head")
-    if fc_2h or "fc.bias" in keys:
-        raise EagleHeadError(f"{where} has an EAGLE-1/2 fc ({'2H inputs' if fc_2h else 'with a bias'}); "
-                             "an EAGLE-3 fc fuses three target states (3 x H_t -> H, no bias)")
-
-
-def _target_dims(target_config: Any) -> tuple[int, int, int | None]:
-    get = target_config.get if isinstance(target_config, dict) else lambda k, default=None: getattr(
-        target_config, k, default)
-    text = get("text_config")  # multimodal wrappers keep the language model's numbers here
-    if text is not None:
-        return _target_dims(text)
-    hidden, vocab = get("hidden_size"), get("vocab_size")
-    if hidden is None or vocab is None:
-        raise EagleHeadError("the target config has no hidden_size or vocab_size")
-    return hidden, vocab, get("num_hidden_layers")
-
-
-def check_target(cfg: Eagle3Config, target_config: Any, *, has_embedding: bool = False) -> tuple[int, int, int] | None:
-    """Refuse a head made for another target; returns the taps to read from it (None without a layer count)."""
-    hidden, vocab, layers = _target_dims(target_config)
-    if cfg.target_hidden_size != hidden:
-        raise EagleHeadError(f"the head was made for a target of hidden size {cfg.target_hidden_size} (fc takes "
-                             f"3 x {cfg.target_hidden_size}); this target's is {hidden}")
-    if cfg.vocab_size != vocab:
-        raise EagleHeadError(f"the head's vocab_size is {cfg.vocab_size}; this target's is {vocab}")
-    if not has_embedding and cfg.hidden_size != hidden:
-        raise EagleHeadError(f"the head is {cfg.hidden_size} wide and ships no embed_tokens.weight, so it needs "
-                             f"the target's embedding, which is {hidden} wide")
-    return None if layers is None else cfg.tap_layers_for(layers)
-
-
-def load_eagle3(path: str | os.PathLike, target_config: Any = None, *, dtype: torch.dtype = torch.float32
-                ) -> tuple[Eagle3Config, Eagle3Head, torch.Tensor, torch.Tensor]:
-    """Read a head in the published layout; with ``target_config`` (an HF config or its dict), also
-    check that it was made for that target. Returns (config, head in eval mode, d2t int64, t2d bool)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise EagleHeadError(f"EAGLE-3 head folder not found: {folder}")
-    config_file = folder / CONFIG_NAME
-    if not config_file.is_file():
-        raise EagleHeadError(f"{folder} has no {CONFIG_NAME}")
-    try:
-        raw = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EagleHeadError(f"{config_file} is not valid JSON: {e}") from None
-    state = _read_weights(folder)
-    _check_layout(state, raw, str(folder))
-    cfg = Eagle3Config.from_json(raw)
-
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from the config
-    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
-    embedding = state.pop("embed_tokens.weight", None)
-    expected = _expected_shapes(cfg)
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise EagleHeadError(f"{folder} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise EagleHeadError(f"{folder} has unexpected weights {', '.join(unexpected[:3])}"
-                             f"{' ...' if len(unexpected) > 3 else ''}")
-    if embedding is not None:
-        expected["embed_tokens.weight"] = (cfg.vocab_size, cfg.hidden_size)
-        state["embed_tokens.weight"] = embedding
-    for name, shape in expected.items():
-        if tuple(state[name].shape) != shape:
-            raise EagleHeadError(f"{name} is {list(state[name].shape)}, the config implies {list(shape)}")
-        if not state[name].dtype.is_floating_point:
-            raise EagleHeadError(f"{name} is {state[name].dtype}, expected a float tensor")
-    d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
-    if target_config is not None:
-        check_target(cfg, target_config, has_embedding=embedding is not None)
-
-    head = Eagle3Head(cfg, with_embedding=embedding is not None).to(dtype)
-    head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    return cfg, head.eval(), d2t, t2d
-
-
-def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2t: torch.Tensor | None,
-                t2d: torch.Tensor | None, *, dtype: str = "float32") -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the published layout (float weights as
-    ``dtype``; d2t int64, t2d bool). Everything is checked before anything is written, and each file
-    lands by rename, so a failure leaves no half-written head."""
-    from safetensors.torch import save_file
-
-    if dtype not in DTYPES:
-        raise EagleHeadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if head.cfg != cfg:
-        raise EagleHeadError("the head was built from another config than the one given to save_eagle3")
-    d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
-    state = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
-    state["d2t"], state["t2d"] = d2t.contiguous(), t2d.contiguous()
-
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
-        save_file(state, str(tmp_weights), metadata={"format": "pt"})
-        tmp_config.write_text(json.dumps(cfg.to_json(torch_dtype=dtype), indent=2) + "\n")
-        os.replace(tmp_weights, folder / WEIGHTS_NAME)
-        os.replace(tmp_config, folder / CONFIG_NAME)
-    except OSError as e:
-        raise EagleHeadError(f"could not write the EAGLE-3 head to {folder}: {e}") from None
-    return folder

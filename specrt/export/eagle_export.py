@@ -28,7 +28,8 @@ from torch import nn
 from ..bundle import contract as C
 from ..bundle.parity import PARITY_TOLERANCE, ParityTolerance, compare_logits, within
 from ..errors import EagleHeadError, ParityError
-from .eagle import Eagle3Config, Eagle3Head, check_target, load_eagle3
+from .eagle import Eagle3Config, Eagle3Head
+from .eagle_checkpoint import check_target, load_eagle3
 
 ARCHITECTURE = "eagle3"  # the head's ModelEntry.architecture
 GRAPH_FILE = "eagle.onnx"

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, EagleHeadError
-from .eagle import DTYPES, Eagle3Config, Eagle3Head, load_eagle3, tap_layers
+from .eagle import DTYPES, Eagle3Config, Eagle3Head, tap_layers
+from .eagle_checkpoint import load_eagle3
 
 
 def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:

@@ -28,13 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ModelLoadError, OutputPathError
-from .eagle import (
-    DTYPES,
-    Eagle3Head,
-    draft_to_target_ids,
-    save_eagle3,
-    tap_layers,
-)
+from .eagle import DTYPES, Eagle3Head, draft_to_target_ids, tap_layers
+from .eagle_checkpoint import save_eagle3
 from .eagle_data import (
     BatchSampler,
     Progress,

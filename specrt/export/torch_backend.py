@@ -272,7 +272,7 @@ def _head_wrapper(bundle_dir: Path, entry: ModelEntry):
     """The head the bundle's EAGLE-3 graph was exported from, as that graph computes it: its lm_head rows in
     the bundle's ascending vocabulary map, the target's embedding table where the head ships none."""
     from ..bundle.manifest import load_manifest
-    from .eagle import load_eagle3
+    from .eagle_checkpoint import load_eagle3
     from .eagle_export import HeadWrapper, ascending_vocab, export_copy
     from .loading import load_causal_lm
 

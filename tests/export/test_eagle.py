@@ -17,15 +17,13 @@ from specrt.errors import ConfigError, EagleHeadError
 from specrt.export.eagle import (
     Eagle3Config,
     Eagle3Head,
-    check_target,
     draft_logits_to_target,
     draft_to_target_ids,
-    load_eagle3,
-    save_eagle3,
     tap_layers,
     target_logits_to_draft,
     validate_vocab_map,
 )
+from specrt.export.eagle_checkpoint import check_target, load_eagle3, save_eagle3
 
 H, HEADS, KV, INNER, V, D = 48, 4, 2, 96, 200, 64
 

@@ -16,7 +16,8 @@ from specrt.errors import ConfigError, ModelLoadError
 from specrt.export import eagle_data as ed
 from specrt.export import eagle_generate as eg
 from specrt.export import eagle_train as et
-from specrt.export.eagle import Eagle3Config, Eagle3Head, load_eagle3
+from specrt.export.eagle import Eagle3Config, Eagle3Head
+from specrt.export.eagle_checkpoint import load_eagle3
 from specrt.export.eagle_train import (
     EagleTrainConfig,
     SequenceCache,

@@ -223,7 +223,7 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
 
 
 def test_a_head_trains_for_a_gguf_target(tmp_path):
-    from specrt.export.eagle import load_eagle3
+    from specrt.export.eagle_checkpoint import load_eagle3
     from specrt.export.eagle_train import EagleTrainConfig, train_eagle
 
     (tmp_path / "m").mkdir()

@@ -172,7 +172,8 @@ def save_eagle_head(folder: Path, target: Path, *, seed: int = 0, draft_vocab: i
     needs ``embedding=True``, a head that ships its own embed_tokens]."""
     from transformers import AutoConfig
 
-    from specrt.export.eagle import Eagle3Config, Eagle3Head, save_eagle3
+    from specrt.export.eagle import Eagle3Config, Eagle3Head
+    from specrt.export.eagle_checkpoint import save_eagle3
 
     t = AutoConfig.from_pretrained(target)  # GPT-2's n_embd reads as hidden_size too
     width = hidden or t.hidden_size
