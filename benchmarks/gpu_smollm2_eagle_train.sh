@@ -9,6 +9,10 @@
 # cache in host memory. Not yet run on a GPU: its generation rate there is unmeasured, so give the first run
 # a call of its own (10 minutes at most) and read train.log's progress lines before sizing up.
 # QUICK=1: a CPU dry run here.
+# Two calls of the `device` tool fit it beside the session's first check (the tree sparse-checked-out without
+# the demo weights and benchmarks/heads, < 1 MiB): (1) carry .gpu/a (part.00, 49 MiB) and .gpu/c, run
+# `mkdir -p /tmp/stash && cp .gpu/a/part.00 /tmp/stash/ && bash scripts/gpu_check.sh`; (2) at once, before
+# the machine goes back, carry .gpu/b and .gpu/c and run `bash benchmarks/gpu_smollm2_eagle_train.sh`.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT/head
 . benchmarks/gpu_smollm2_target.sh  # /tmp/smollm2.gguf, from .gpu/a and .gpu/b
