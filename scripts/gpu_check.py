@@ -251,7 +251,7 @@ def eagle_train_check(work: Path) -> dict:
                         tokenizer=make_tokenizer(vocab=280))
     cfg = EagleTrainConfig(steps=40, lr=3e-3, batch_size=4, seq_len=48, num_sequences=32, draft_vocab=64, topk=16,
                            checkpoint_every=20, heldout_fraction=0.25, compute="float32", keep_checkpoint=True,
-                           init_from_target=False)  # a random target: a head started as its last layer has little to learn
+                           init_from_target=False)  # random target: a head started as its last layer learns little
     out, records, caches = {}, {}, {}
     for dev in dict.fromkeys(("cpu", TORCH_DEVICE)):
         t0 = time.perf_counter()
@@ -381,8 +381,9 @@ def main() -> int:
             if TORCH_DEVICE == "cuda":  # the roofline of `bench --roofline` on this GPU (specrt.measure.bandwidth)
                 report.run("GPU memory bandwidth probe (torch CUDA)", gpu_bandwidth)
         else:
-            for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU", "torch verify latency",
-                         "torch CUDA EAGLE-3", "EAGLE-3 training on CUDA", "GPU memory bandwidth probe"):
+            for name in ("torch CUDA eager", "torch CUDA graphs", "torch CUDA logits on the GPU",
+                         "torch verify latency", "torch CUDA EAGLE-3", "EAGLE-3 training on CUDA",
+                         "GPU memory bandwidth probe"):
                 report.record(name, "SKIP", reason="torch sees no CUDA device")
         report.run("TensorRT engines: greedy == ONNX Runtime CPU", lambda: tensorrt_check(bundle, ref))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -308,7 +308,8 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     t0 = time.perf_counter()
     writer = generating(model, compute)
     written = write_prompts(writer, tok, cfg.self_prompts, end_ids, torch.Generator().manual_seed(cfg.seed), taps,
-                            exclude=prompts, batch=gen_batch(model_device(model)), max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
+                            exclude=prompts, batch=gen_batch(model_device(model)),
+                            max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
                             progress=report) if cfg.self_prompts else []  # half the sequence left for a reply
     times = {"prompts": time.perf_counter() - t0}
     train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written)
