@@ -305,12 +305,15 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
 
     with torch_side("eagle train"):
         from ..export.eagle_train import WRITTEN_NAME, EagleTrainConfig, train_eagle
+        from ..export.precision import resolve_compute, resolve_device
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
                            num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute,
                            self_prompts=self_prompts, device=device)
     prompts = read_prompts(prompts_file) if prompts_file else None
+    where = resolve_device(device)  # said before the long work starts (train_eagle resolves it the same way)
+    click.echo(f"eagle train: on {where}, {resolve_compute(compute, where)} matmuls", err=True)
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,
                              resume=resume)

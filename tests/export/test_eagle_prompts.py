@@ -121,6 +121,7 @@ def test_the_cli_trains_with_self_prompts_and_names_the_list(chat_target, tmp_pa
     assert r.exit_code == 0, r.output
     written = json.loads((tmp_path / "head" / WRITTEN_NAME).read_text())
     assert f"the target wrote {len(written)} of the 12 prompts asked for" in r.output
+    assert "eagle train: on cpu, float32 matmuls" in r.output  # where it runs, said before the work
     plain = save_model(tmp_path / "plain", "llama", seed=1, vocab=288, layers=4, hidden=32, heads=2, kv_heads=1,
                        tokenizer=make_tokenizer(vocab=280))
     r = CliRunner().invoke(main, [*args[:2], str(plain), "-o", str(tmp_path / "head2"), *args[5:]])
