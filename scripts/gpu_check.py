@@ -252,13 +252,12 @@ def eagle_train_check(work: Path) -> dict:
     cfg = EagleTrainConfig(steps=40, lr=3e-3, batch_size=4, seq_len=48, num_sequences=32, draft_vocab=64, topk=16,
                            checkpoint_every=20, heldout_fraction=0.25, compute="float32", keep_checkpoint=True,
                            init_from_target=False)  # random target: a head started as its last layer learns little
-    out, records, caches = {}, {}, {}
+    out, caches = {}, {}
     for dev in dict.fromkeys(("cpu", TORCH_DEVICE)):
         t0 = time.perf_counter()
-        records[dev] = train_eagle(target, work / f"head-{dev}", replace(cfg, device=dev), prompts=TRAIN_PROMPTS)
+        r = train_eagle(target, work / f"head-{dev}", replace(cfg, device=dev), prompts=TRAIN_PROMPTS)
         caches[dev] = torch.load(work / f"head-{dev}" / ".train" / "cache.pt", weights_only=True)
         load_eagle3(work / f"head-{dev}")
-        r = records[dev]
         out[dev] = {"seconds": round(time.perf_counter() - t0, 2), "device": r["device"],
                     "alpha1": round(r["heldout"]["alpha1"], 3), "kl": [round(r["heldout_init"]["kl"], 4),
                                                                        round(r["heldout"]["kl"], 4)]}
