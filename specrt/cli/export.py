@@ -46,8 +46,9 @@ from .options import (
               help="Node budget of the Medusa tree, chosen from the heads' measured top-k accuracies.")
 @click.option("--eagle", metavar="HEAD", type=click.Path(file_okay=False),
               help="EAGLE-3 head for MODEL (a folder in the published layout: config.json + model.safetensors with "
-                   "fc, midlayer.*, lm_head, d2t, t2d): adds eagle.onnx and its vocabulary map, and the target graph "
-                   "outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
+                   "fc, midlayer.*, lm_head, d2t, t2d; or in the speculators format vLLM serves, e.g. RedHatAI's "
+                   "*-speculator.eagle3): adds eagle.onnx and its vocabulary map, and the target graph outputs the "
+                   "hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
 @click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=parse_bits,
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits. "
                    "Without it the target stays float; --draft-quantize / --eagle-quantize int4|int8 still "
@@ -273,7 +274,7 @@ def eagle() -> None:
                    "again on that data with other --steps or --lr, delete OUTPUT/.train/checkpoint.pt and pass "
                    "--resume: nothing is generated again.")
 @click.option("--init", "init", metavar="HEAD", type=click.Path(file_okay=False),
-              help="Start from this head (specrt's or the published layout; its draft vocabulary is kept), "
+              help="Start from this head (specrt's or EAGLE's published layout; its draft vocabulary is kept), "
                    "to train it further on new data.")
 @click.option("--compute", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Matmul precision while the target generates and the head trains. auto: bfloat16 where the "

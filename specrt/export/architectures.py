@@ -64,6 +64,14 @@ def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, past_k: to
     return out.reshape(b, n_heads, q_len, d).transpose(1, 2).reshape(b, q_len, n_heads * d)
 
 
+def window_mask(mask: torch.Tensor, position_ids: torch.Tensor, past_len, window: int) -> torch.Tensor:
+    """The boolean contract mask (B, 1, Q, P+Q) narrowed to a sliding window: a query attends keys less than
+    ``window`` positions back (past slot j holds position j, see the contract)."""
+    keys = torch.cat([torch.arange(past_len, device=mask.device).unsqueeze(0).expand(position_ids.shape[0], -1),
+                      position_ids], dim=1)  # (B, S) position of every key
+    return mask & (position_ids.unsqueeze(2) - keys.unsqueeze(1) < window).unsqueeze(1)
+
+
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
     """Boolean mask (True = attend) → fp32 additive mask. The most negative finite value keeps fully
     masked rows NaN-free; made on the mask's device (a CPU tensor here broke every CUDA forward of the
@@ -123,11 +131,7 @@ class DecoderAdapter(ABC):
         for sliding layers (past slot j holds position j, see the contract), additive unless fused."""
         out = {}
         for w in {self.window(i) for i in range(len(self.layers()))}:
-            m = mask
-            if w is not None:
-                keys = torch.cat([torch.arange(past_len, device=mask.device).unsqueeze(0).expand(
-                    position_ids.shape[0], -1), position_ids], dim=1)  # (B, S) position of every key
-                m = mask & (position_ids.unsqueeze(2) - keys.unsqueeze(1) < w).unsqueeze(1)
+            m = mask if w is None else window_mask(mask, position_ids, past_len, w)
             out[w] = m if self.fused else additive_mask(m)
         return out
 

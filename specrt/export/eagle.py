@@ -4,15 +4,15 @@ layout is :mod:`specrt.export.eagle_checkpoint`).
 A head is one decoder layer that reads three of the target's hidden states (fused by ``fc``) next to
 the next token's embedding and predicts over a reduced draft vocabulary. The layout, the forward pass
 and the tap-layer convention, each with its public source, are in docs/design/eagle3.md; this module
-is written from that description. Only the single-layer Llama-style head (``LlamaForCausalLMEagle3``)
-is accepted: every variant it does not implement is refused with an :class:`EagleHeadError`, never
-silently ignored.
+is written from that description. Only single-layer Llama-style heads are accepted (``LlamaForCausalLMEagle3``,
+or the ``speculators`` format with its tap-norm and fed-back-norm variants): every variant it does not
+implement is refused with an :class:`EagleHeadError`, never silently ignored.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -27,6 +27,8 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 _ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLM"}
 _EAGLE12_ARCHITECTURES = {"EagleLlamaForCausalLM", "LlamaForCausalLMEagle"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TAP_NORMS = ("none", "joint", "each")
+STATIC_ROPES = ("linear", "llama3", "yarn")  # rope scalings whose frequencies do not depend on the length
 
 
 def tap_layers(num_layers: int) -> tuple[int, int, int]:
@@ -73,9 +75,17 @@ class Eagle3Config:
     target_hidden_size: int | None = None  # defaults to hidden_size; fc takes 3 * this
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0  # the head's own rope, not the target's (see the design doc)
+    # a static rope scaling (STATIC_ROPES: its "rope_type" and parameters, as transformers reads them), or None
+    rope_scaling: dict | None = field(default=None, hash=False)
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False  # vLLM's variant: the residual is hidden_norm(features)
     taps: tuple[int, int, int] | None = None  # explicit tap layers (entering-layer convention)
+    # speculators-format variants (docs/design/eagle3.md, "The speculators format"): an RMSNorm on the taps
+    # before fc, over the 3*H_t concat ("joint", its norm_before_fc) or per tap ("each", its fc_norm); and the
+    # final norm's output fed to the next step instead of the pre-norm state (its norm_output, "EAGLE 3.1")
+    tap_norm: str = "none"
+    feed_normed: bool = False
+    sliding_window: int | None = None  # the head attends keys less than this many positions back (speculators)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -105,9 +115,22 @@ class Eagle3Config:
             raise EagleHeadError(f"EAGLE-3 config: head_dim {self.head_dim} must be even for rotary embeddings")
         _positive_float("rms_norm_eps", self.rms_norm_eps)
         _positive_float("rope_theta", self.rope_theta)
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type") if isinstance(self.rope_scaling, dict) else None
+            if kind not in STATIC_ROPES:
+                raise EagleHeadError(f"EAGLE-3 config: rope type {kind!r} is not supported (default, "
+                                     f"{', '.join(STATIC_ROPES)}: frequencies that do not change with the length)")
+            _positive_float("rope scaling factor", self.rope_scaling.get("factor"))
         if not isinstance(self.norm_before_residual, bool):
             raise EagleHeadError(f"EAGLE-3 config: norm_before_residual must be true or false, "
                                  f"got {self.norm_before_residual!r}")
+        if self.tap_norm not in TAP_NORMS:
+            raise EagleHeadError(f"EAGLE-3 config: tap_norm must be one of {', '.join(TAP_NORMS)}, "
+                                 f"got {self.tap_norm!r}")
+        if not isinstance(self.feed_normed, bool):
+            raise EagleHeadError(f"EAGLE-3 config: feed_normed must be true or false, got {self.feed_normed!r}")
+        if self.sliding_window is not None:
+            _positive_int("sliding_window", self.sliding_window)
         if self.taps is not None:
             taps = tuple(self.taps)
             if (len(taps) != 3 or any(isinstance(t, bool) or not isinstance(t, int) for t in taps)
@@ -125,14 +148,23 @@ class Eagle3Config:
                                  f"{num_layers} layers: it was made for another target")
         return self.taps
 
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The speculators-format variants this head uses (empty for EAGLE-3 as EAGLE publishes it)."""
+        return tuple(name for name, on in ((f"tap_norm={self.tap_norm}", self.tap_norm != "none"),
+                                           ("feed_normed", self.feed_normed),
+                                           (f"sliding_window={self.sliding_window}", self.sliding_window)) if on)
+
     @classmethod
     def from_json(cls, d: dict) -> Eagle3Config:
-        """From a published head's ``config.json`` (a flat Llama-style config)."""
+        """From a published head's ``config.json``: the flat Llama-style config EAGLE, SpecForge and vLLM
+        use, or the ``speculators`` format (:mod:`specrt.export.eagle_speculators`)."""
         if not isinstance(d, dict):
             raise EagleHeadError(f"EAGLE-3 config must be a JSON object, got {type(d).__name__}")
         if "speculators_model_type" in d:
-            raise EagleHeadError("this is a `speculators`-format config; only the flat LlamaForCausalLMEagle3 "
-                                 "config is supported")
+            from .eagle_speculators import config_fields
+
+            return cls(**config_fields(d))
         archs = d.get("architectures") or []
         if not isinstance(archs, list):
             raise EagleHeadError(f"EAGLE-3 config: architectures must be a list, got {archs!r}")
@@ -166,19 +198,22 @@ class Eagle3Config:
                    intermediate_size=d["intermediate_size"], vocab_size=d["vocab_size"],
                    draft_vocab_size=d.get("draft_vocab_size"), num_key_value_heads=d.get("num_key_value_heads"),
                    head_dim=d.get("head_dim"), target_hidden_size=d.get("target_hidden_size"),
-                   rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
+                   rms_norm_eps=d.get("rms_norm_eps", 1e-6), **_rope(d),
                    max_position_embeddings=d.get("max_position_embeddings", 2048),
                    norm_before_residual=d.get("norm_before_residual", False), taps=_taps(d, eagle_config))
 
     def to_json(self, torch_dtype: str = "float32") -> dict:
         """The published layout's ``config.json``. ``target_hidden_size`` is written only when it differs
         from ``hidden_size``: EAGLE skips loading the target's embedding whenever the key is present."""
+        if self.variants:
+            raise EagleHeadError(f"the flat EAGLE-3 layout has no fields for {', '.join(self.variants)} "
+                                 "(speculators-format variants); specrt writes the standard head only")
         d: dict[str, Any] = {
             "architectures": [ARCHITECTURE], "model_type": "llama", "hidden_act": "silu",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta, "rope_scaling": None,
+            "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings, "vocab_size": self.vocab_size,
             "draft_vocab_size": self.draft_vocab_size, "tie_word_embeddings": False, "pretraining_tp": 1,
             "torch_dtype": torch_dtype,
@@ -196,19 +231,32 @@ class Eagle3Config:
         return d
 
 
-def _rope_theta(d: dict) -> float:
-    """Default rope only. transformers 5 writes ``rope_parameters``; older configs ``rope_scaling``."""
+def _rope(d: dict) -> dict:
+    """``rope_theta`` and ``rope_scaling`` from a config: transformers 5 writes ``rope_parameters``, older
+    configs ``rope_theta`` and ``rope_scaling``. Static scalings only (linear, llama3, yarn: what vLLM applies
+    to a head's rope from its config); "dynamic" and "longrope" change with the length and are refused."""
     params = d.get("rope_parameters")
-    for scaling in (d.get("rope_scaling"), params):
-        if scaling is None:
+    scaling = None
+    for source in (d.get("rope_scaling"), params):
+        if source is None:
             continue
-        kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else scaling
-        if kind != "default":
-            raise EagleHeadError(f"EAGLE-3 config: rope type {kind!r} is not supported (default rope only)")
+        if not isinstance(source, dict):
+            raise EagleHeadError(f"EAGLE-3 config: rope settings must be an object, got {source!r}")
+        kind = source.get("rope_type", source.get("type", "default"))
+        if kind == "default":
+            continue
+        found = {"rope_type": kind, **{k: v for k, v in source.items() if k not in ("rope_type", "type", "rope_theta")}}
+        if kind not in STATIC_ROPES:
+            raise EagleHeadError(f"EAGLE-3 config: rope type {kind!r} is not supported (default, "
+                                 f"{', '.join(STATIC_ROPES)})")
+        if scaling is not None and found != scaling:
+            raise EagleHeadError("EAGLE-3 config: rope_scaling and rope_parameters disagree")
+        scaling = found
     theta = d.get("rope_theta")
     if theta is None and isinstance(params, dict):
         theta = params.get("rope_theta")
-    return 10000.0 if theta is None else theta  # absent: HF Llama's default, what EAGLE and vLLM use
+    # absent: HF Llama's default, what EAGLE and vLLM use
+    return {"rope_theta": 10000.0 if theta is None else theta, "rope_scaling": scaling}
 
 
 def _taps(d: dict, eagle_config: dict) -> tuple[int, ...] | None:
@@ -308,20 +356,23 @@ class _MidLayer(nn.Module):
 
 class Eagle3Output(NamedTuple):
     logits: torch.Tensor  # [B, T, draft_vocab]
-    hidden: torch.Tensor  # [B, T, H], before the final norm: the next step's features
+    hidden: torch.Tensor  # [B, T, H], the next step's features: before the final norm (after: feed_normed)
     key: torch.Tensor  # [B, T, kv_heads, head_dim], only the T new positions (rope applied)
     value: torch.Tensor  # [B, T, kv_heads, head_dim]
 
 
 def _rotary(cfg: Eagle3Config) -> nn.Module:
-    """transformers' own Llama rotary module, built from the head's dimensions (default rope)."""
+    """transformers' own Llama rotary module, built from the head's dimensions and rope (a static scaling
+    included: its cos/sin carry yarn's attention factor, as vLLM's and speculators' do)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     llama = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
                         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                         intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size, num_hidden_layers=1,
-                        rope_theta=float(cfg.rope_theta), max_position_embeddings=cfg.max_position_embeddings)
+                        rope_theta=float(cfg.rope_theta),
+                        rope_scaling=None if cfg.rope_scaling is None else dict(cfg.rope_scaling),
+                        max_position_embeddings=cfg.max_position_embeddings)
     return LlamaRotaryEmbedding(config=llama)
 
 
@@ -339,6 +390,10 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.tap_norm == "joint":  # speculators' names: input_norm over the concat, fc_norm.i per tap
+            self.input_norm = _RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
+        elif cfg.tap_norm == "each":
+            self.fc_norm = nn.ModuleList(_RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
         self.midlayer = _MidLayer(cfg)
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -348,9 +403,17 @@ class Eagle3Head(nn.Module):
         object.__setattr__(self, "rotary", _rotary(cfg))
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """``fc`` over the taps [B, T, 3*H_t] (normalised first where the head's ``tap_norm`` says so)."""
         if taps.shape[-1] != 3 * self.cfg.target_hidden_size:
             raise ConfigError(f"EAGLE-3 taps have width {taps.shape[-1]}, expected 3 x {self.cfg.target_hidden_size}")
-        return self.fc(taps)
+        return self.fc(self.norm_taps(taps))
+
+    def norm_taps(self, taps: torch.Tensor) -> torch.Tensor:
+        if self.cfg.tap_norm == "joint":
+            return self.input_norm(taps)
+        if self.cfg.tap_norm == "each":
+            return torch.cat([norm(t) for norm, t in zip(self.fc_norm, taps.chunk(3, dim=-1))], dim=-1)
+        return taps
 
     def forward(self, taps, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
         """The first step after a target pass: fuse the taps with ``fc``, then run ``step``."""
@@ -362,8 +425,9 @@ class Eagle3Head(nn.Module):
         return Eagle3Output(self.logits(hidden), hidden, k, v)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [..., D] of ``hidden`` [..., H] (a step's output before the final norm)."""
-        return self.lm_head(self.norm(hidden))
+        """Draft-vocabulary logits [..., D] of ``hidden`` [..., H], a step's fed-back output (before the final
+        norm; after it for a ``feed_normed`` head)."""
+        return self.lm_head(hidden if self.cfg.feed_normed else self.norm(hidden))
 
     def layer(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -381,8 +445,13 @@ class Eagle3Head(nn.Module):
         if attention_mask.dtype == torch.bool:
             zero = torch.zeros((), dtype=features.dtype, device=features.device)
             attention_mask = torch.where(attention_mask, zero, torch.finfo(features.dtype).min + zero)
+        if self.cfg.sliding_window is not None:  # past slot j holds position j, as in the target's cache
+            keys = torch.cat([torch.arange(past, device=features.device).expand(b, past), position_ids], dim=1)
+            far = position_ids.unsqueeze(2) - keys.unsqueeze(1) >= self.cfg.sliding_window  # [B, T, P+T]
+            attention_mask = attention_mask.masked_fill(far.unsqueeze(1), torch.finfo(attention_mask.dtype).min)
         cos, sin = self.rotary(features, position_ids)
-        return self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
+        h, k, v = self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
+        return (self.norm(h) if self.cfg.feed_normed else h), k, v
 
 
 # ---------------------------------------------------------------------------------------------------

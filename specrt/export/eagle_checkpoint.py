@@ -1,7 +1,7 @@
-"""An EAGLE-3 head's checkpoint folder in the published layout (``config.json`` + ``model.safetensors``, or a
-``pytorch_model.bin``): reading it, checked name by name and shape by shape against the config and the
-target (:func:`load_eagle3`), and writing it (:func:`save_eagle3`). The head itself is
-:mod:`specrt.export.eagle`."""
+"""An EAGLE-3 head's checkpoint folder in the published layout (``config.json`` + ``model.safetensors``, its
+shards, or a ``pytorch_model.bin``; also the ``speculators`` format, :mod:`specrt.export.eagle_speculators`):
+reading it, checked name by name and shape by shape against the config and the target (:func:`load_eagle3`),
+and writing it (:func:`save_eagle3`). The head itself is :mod:`specrt.export.eagle`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from ..errors import EagleHeadError
 from .eagle import DTYPES, Eagle3Config, Eagle3Head, validate_vocab_map
+from .eagle_speculators import is_speculators, rename_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -26,7 +27,9 @@ def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
             "v_proj": (cfg.num_key_value_heads * d, 2 * h), "o_proj": (h, cfg.num_attention_heads * d)}
     mlp = {"gate_proj": (cfg.intermediate_size, h), "up_proj": (cfg.intermediate_size, h),
            "down_proj": (h, cfg.intermediate_size)}
-    return {"fc.weight": (h, 3 * cfg.target_hidden_size),
+    tap_norms = ({"input_norm.weight": (3 * cfg.target_hidden_size,)} if cfg.tap_norm == "joint" else
+                 {f"fc_norm.{i}.weight": (cfg.target_hidden_size,) for i in range(3)} if cfg.tap_norm == "each" else {})
+    return {"fc.weight": (h, 3 * cfg.target_hidden_size), **tap_norms,
             "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
             **{f"midlayer.self_attn.{n}.weight": s for n, s in attn.items()},
             "midlayer.post_attention_layernorm.weight": (h,),
@@ -34,18 +37,36 @@ def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
             "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h)}
 
 
+def _shards(folder: Path, index: Path) -> list[Path]:
+    """The files a ``model.safetensors.index.json`` names (heads that ship the embedding table are often
+    sharded), each inside ``folder``."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise EagleHeadError(f"{index} is not a safetensors index (no weight_map): {e}") from None
+    files = [folder / n for n in names]
+    bad = [n for n, f in zip(names, files) if not isinstance(n, str) or f.parent != folder or not f.is_file()]
+    if bad:
+        raise EagleHeadError(f"{index} names {bad[0]!r}, which is not a file in {folder}")
+    return files
+
+
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     import pickle
 
     from safetensors import SafetensorError
 
-    st, bin_ = folder / WEIGHTS_NAME, folder / BIN_NAME
-    if st.is_file() or bin_.is_file():
+    st, bin_, index = folder / WEIGHTS_NAME, folder / BIN_NAME, folder / (WEIGHTS_NAME + ".index.json")
+    if st.is_file() or bin_.is_file() or index.is_file():
         try:
-            if st.is_file():
+            if st.is_file() or index.is_file():
                 from safetensors.torch import load_file
 
-                return load_file(str(st))
+                state: dict = {}
+                for f in [st] if st.is_file() else _shards(folder, index):
+                    state.update(load_file(str(f)))
+                return state
             state = torch.load(str(bin_), map_location="cpu", weights_only=True)
         except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
             # what safetensors and torch.load raise for a truncated or corrupt file
@@ -53,8 +74,9 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise EagleHeadError(f"{bin_} is not a state dict of tensors")
         return state
-    if (folder / (WEIGHTS_NAME + ".index.json")).is_file() or (folder / (BIN_NAME + ".index.json")).is_file():
-        raise EagleHeadError(f"{folder} holds a sharded checkpoint; EAGLE-3 heads are read from one file")
+    if (folder / (BIN_NAME + ".index.json")).is_file():
+        raise EagleHeadError(f"{folder} holds a sharded {BIN_NAME}; EAGLE-3 heads are read from one .bin file "
+                             "or from safetensors")
     raise EagleHeadError(f"{folder} has no {WEIGHTS_NAME} or {BIN_NAME}")
 
 
@@ -71,8 +93,8 @@ def _check_layout(state: dict[str, torch.Tensor], raw: dict, where: str) -> None
             if fc_2h or "fc.bias" in keys or not any(k.endswith("hidden_norm.weight") for k in keys):
                 raise EagleHeadError(f"{where} is an EAGLE-1/2 checkpoint (layers.N.*, fc over 2H, no midlayer); "
                                      "specrt reads EAGLE-3 heads only")
-            raise EagleHeadError(f"{where} stores its decoder layer as layers.N.* (speculators or multi-layer "
-                                 "EAGLE-3); only the single midlayer.* layout is supported")
+            raise EagleHeadError(f"{where} stores its decoder layer as layers.N.* but its config.json is not in the "
+                                 "speculators format (no speculators_model_type); the flat layout names it midlayer.*")
         raise EagleHeadError(f"{where} has no midlayer.* weights: not an EAGLE-3 head")
     if fc_2h or "fc.bias" in keys:
         raise EagleHeadError(f"{where} has an EAGLE-1/2 fc ({'2H inputs' if fc_2h else 'with a bias'}); "
@@ -120,8 +142,13 @@ def load_eagle3(path: str | os.PathLike, target_config: Any = None, *, dtype: to
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise EagleHeadError(f"{config_file} is not valid JSON: {e}") from None
     state = _read_weights(folder)
-    _check_layout(state, raw, str(folder))
-    cfg = Eagle3Config.from_json(raw)
+    if is_speculators(raw):
+        cfg = Eagle3Config.from_json(raw)  # the config first: its refusals name the variant, not a weight
+        state = rename_weights(state, str(folder))
+        _check_layout(state, raw.get("transformer_layer_config", {}), str(folder))
+    else:
+        _check_layout(state, raw, str(folder))
+        cfg = Eagle3Config.from_json(raw)
 
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from the config
     d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
@@ -163,6 +190,7 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
     if head.cfg != cfg:
         raise EagleHeadError("the head was built from another config than the one given to save_eagle3")
     d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
+    config_text = json.dumps(cfg.to_json(torch_dtype=dtype), indent=2) + "\n"  # refuses variants it cannot write
     state = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
     state["d2t"], state["t2d"] = d2t.contiguous(), t2d.contiguous()
 
@@ -171,7 +199,7 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
         folder.mkdir(parents=True, exist_ok=True)
         tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
         save_file(state, str(tmp_weights), metadata={"format": "pt"})
-        tmp_config.write_text(json.dumps(cfg.to_json(torch_dtype=dtype), indent=2) + "\n")
+        tmp_config.write_text(config_text)
         os.replace(tmp_weights, folder / WEIGHTS_NAME)
         os.replace(tmp_config, folder / CONFIG_NAME)
     except OSError as e:

@@ -104,6 +104,9 @@ def init_head(path: str, target_config: Any) -> tuple[Eagle3Config, Eagle3Head, 
     if head.embed_tokens is not None:
         raise ConfigError(f"eagle train --init: {path} carries its own embedding table; specrt trains heads that "
                           "read the target's")
+    if cfg.variants:
+        raise ConfigError(f"eagle train --init: {path} is a speculators-format variant ({', '.join(cfg.variants)}); "
+                          "specrt trains the standard EAGLE-3 head")
     layers = (getattr(target_config, "text_config", None) or target_config).num_hidden_layers
     if tuple(cfg.tap_layers_for(layers)) != tuple(tap_layers(layers)):
         raise ConfigError(f"eagle train --init: {path} reads layers {list(cfg.tap_layers_for(layers))}, "

@@ -295,6 +295,31 @@ def test_forward_matches_a_step_by_step_computation(norm_before_residual):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_a_static_rope_scaling_rotates_as_published():
+    """Llama 3.1's rope (the llama3 scaling, which speculators copies from a Llama-3.x verifier into its
+    heads) against its formula written out in float64, and yarn's attention factor on cos/sin."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    cfg = Eagle3Config.from_json(config_json(rope_theta=50000.0, rope_scaling=scaling))
+    assert cfg.rope_scaling == scaling and Eagle3Config.from_json(cfg.to_json()) == cfg
+    d = cfg.head_dim
+    inv = 1.0 / 50000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    wavelen = 2 * math.pi / inv
+    low, high = 64 / 1.0, 64 / 4.0  # wavelengths beyond low are divided by the factor, below high kept
+    smooth = (64 / wavelen - 1.0) / (4.0 - 1.0)
+    want = torch.where(wavelen > low, inv / 8.0,
+                       torch.where(wavelen < high, inv, (1 - smooth) * inv / 8.0 + smooth * inv))
+    pos = torch.arange(200)[None]
+    cos, sin = Eagle3Head(cfg).rotary(torch.zeros(1, 1, H), pos)
+    angles = pos[0, :, None].double() * want[None]
+    torch.testing.assert_close(cos[0, :, : d // 2].double(), angles.cos(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin[0, :, : d // 2].double(), angles.sin(), atol=1e-5, rtol=0)
+    yarn = Eagle3Config.from_json(config_json(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                               "original_max_position_embeddings": 64}))
+    cos0 = Eagle3Head(yarn).rotary(torch.zeros(1, 1, H), torch.zeros(1, 1, dtype=torch.long))[0]
+    torch.testing.assert_close(cos0, torch.full_like(cos0, 0.1 * math.log(4.0) + 1.0))  # yarn's mscale
+
+
 # --- the draft vocabulary --------------------------------------------------------------------------
 
 
@@ -387,13 +412,16 @@ BAD_CONFIGS = {
     "other architecture": ({"architectures": ["Qwen3ForCausalLMEagle3"]}, "not an EAGLE-3 Llama head"),
     "draft vocab > vocab": ({"draft_vocab_size": V + 1}, "larger than vocab_size"),
     "two layers": ({"num_hidden_layers": 2}, "single-layer"),
-    "llama3 rope": ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope type 'llama3'"),
+    "dynamic rope": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+    "two ropes": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                   "rope_parameters": {"rope_type": "linear", "factor": 4.0}}, "disagree"),
     "no fc": ({"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state"),
     "norm before fc": ({"norm_before_fc": True}, "norm_before_fc is set"),
     "gelu": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     "no hidden size": ({"hidden_size": None}, "has no hidden_size"),
     "bad heads": ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
-    "speculators": ({"speculators_model_type": "eagle3"}, "speculators"),
+    "speculators without its layer config": ({"speculators_model_type": "eagle3"}, "transformer_layer_config is "
+                                                                                  "missing"),
 }
 
 
@@ -419,8 +447,12 @@ def test_bad_folders_are_refused(tmp_path):
     with pytest.raises(EagleHeadError, match="has no model.safetensors or pytorch_model.bin"):
         load_eagle3(tmp_path / "empty")
     (tmp_path / "empty" / "model.safetensors.index.json").write_text("{}")
-    with pytest.raises(EagleHeadError, match="sharded"):
+    with pytest.raises(EagleHeadError, match="not a safetensors index"):
         load_eagle3(tmp_path / "empty")
+    (tmp_path / "empty" / "model.safetensors.index.json").write_text('{"weight_map": {"fc.weight": "../x"}}')
+    with pytest.raises(EagleHeadError, match="not a file in"):
+        load_eagle3(tmp_path / "empty")
+    (tmp_path / "empty" / "model.safetensors.index.json").unlink()
     (tmp_path / "empty" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00garbage!")
     with pytest.raises(EagleHeadError, match="could not read the weights"):
         load_eagle3(tmp_path / "empty")

@@ -1,0 +1,116 @@
+"""EAGLE-3 heads in the ``speculators`` format (vllm-project/speculators; the RedHatAI heads on the hub), read
+into specrt's :class:`~specrt.export.eagle.Eagle3Config` and checkpoint names.
+
+The format nests the decoder layer's shape in ``transformer_layer_config`` (a transformers config written
+as a diff against its class defaults, so absent keys take that class's defaults: built here with
+transformers itself), keeps the EAGLE-3 fields at the top level and names the layer ``layers.0.*`` where
+EAGLE's layout says ``midlayer.*``. Its variants map onto the config: ``norm_before_residual`` as is,
+``norm_before_fc`` → ``tap_norm="joint"`` (weight ``input_norm``), ``fc_norm`` → ``tap_norm="each"``
+(``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``. What specrt does
+not implement (stacked layers, a Qwen3 layer with q/k norms, other than three taps) is refused in one line. Sources and
+line references: docs/design/eagle3.md, "The speculators format".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from ..errors import EagleHeadError
+
+MODEL_TYPE = "eagle3"
+# the target's own final norm and LM head, which speculators keeps beside the head for training
+TRAINING_ONLY = ("verifier_norm.weight", "verifier_lm_head.weight")
+_OTHER_TYPES = {"eagle": "an EAGLE-1 / HASS head", "dflash": "a DFlash drafter", "mtp": "a multi-token-prediction head"}
+# the top-level fields and the speculators defaults they take when absent (Eagle3SpeculatorConfig)
+_DEFAULTS = {"draft_vocab_size": 32000, "norm_before_residual": False, "target_hidden_size": None,
+             "eagle_aux_hidden_state_layer_ids": None, "norm_before_fc": False, "fc_norm": False,
+             "norm_output": False}
+
+
+def is_speculators(raw: Any) -> bool:
+    return isinstance(raw, dict) and "speculators_model_type" in raw
+
+
+def _layer_config(raw: dict) -> dict:
+    """The decoder layer's config with transformers' defaults filled in, as speculators builds it."""
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise EagleHeadError("speculators EAGLE-3 config: transformer_layer_config is missing or not an object")
+    model_type = layer.get("model_type")
+    if model_type != "llama":
+        kind = ("no model_type, so speculators builds a Qwen3 layer" if model_type is None
+                else f"a {model_type!r} decoder layer")
+        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config has {kind}; specrt runs "
+                             "Llama-style head layers only (no q/k norms)")
+    from transformers import LlamaConfig
+
+    try:
+        full = LlamaConfig(**{k: v for k, v in layer.items() if k != "model_type"}).to_dict()
+    except (TypeError, ValueError, KeyError) as e:
+        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config does not read as a Llama "
+                             f"config: {str(e).splitlines()[0]}") from None
+    types = full.get("layer_types") or []
+    if any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise EagleHeadError(f"speculators EAGLE-3 config: layer_types {types} name an attention specrt does not run")
+    # speculators' trainer slides every layer unless told otherwise (window 2048); layer_types says which
+    sliding = types[0] == "sliding_attention" if types else bool(full.get("use_sliding_window"))
+    full["window"] = full.get("sliding_window") if sliding else None
+    if sliding and (isinstance(full["window"], bool) or not isinstance(full["window"], int) or full["window"] < 1):
+        raise EagleHeadError(f"speculators EAGLE-3 config: a sliding layer needs a positive sliding_window, got "
+                             f"{full.get('sliding_window')!r}")
+    return full
+
+
+def config_fields(raw: dict) -> dict:
+    """``Eagle3Config`` keyword arguments from a speculators ``config.json`` (refusing what specrt cannot run)."""
+    from .eagle import _rope
+
+    kind = raw.get("speculators_model_type")
+    if kind != MODEL_TYPE:
+        what = _OTHER_TYPES.get(kind, f"a speculators {kind!r} model")
+        raise EagleHeadError(f"this speculators checkpoint is {what}, not an EAGLE-3 head")
+    top = {k: raw.get(k, default) for k, default in _DEFAULTS.items()}
+    for name in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if not isinstance(top[name], bool):
+            raise EagleHeadError(f"speculators EAGLE-3 config: {name} must be true or false, got {top[name]!r}")
+    if top["norm_before_fc"] and top["fc_norm"]:
+        raise EagleHeadError("speculators EAGLE-3 config: norm_before_fc and fc_norm are both set (they exclude "
+                             "each other)")
+    taps = top["eagle_aux_hidden_state_layer_ids"]
+    if taps is not None and (not isinstance(taps, list) or len(taps) != 3):
+        raise EagleHeadError(f"speculators EAGLE-3 config: eagle_aux_hidden_state_layer_ids is {taps!r}; specrt's "
+                             "heads fuse exactly three target layers")
+    layer = _layer_config(raw)
+    if layer["num_hidden_layers"] != 1:
+        raise EagleHeadError(f"speculators EAGLE-3 config: {layer['num_hidden_layers']} decoder layers; only "
+                             "single-layer heads are supported")
+    if layer["hidden_act"] != "silu":
+        raise EagleHeadError(f"speculators EAGLE-3 config: hidden_act {layer['hidden_act']!r} is not supported "
+                             "(silu only)")
+    for name in ("attention_bias", "mlp_bias"):
+        if layer.get(name):
+            raise EagleHeadError(f"speculators EAGLE-3 config: {name} is set; that variant is not supported")
+    return {"hidden_size": layer["hidden_size"], "num_attention_heads": layer["num_attention_heads"],
+            "intermediate_size": layer["intermediate_size"], "vocab_size": layer["vocab_size"],
+            "draft_vocab_size": top["draft_vocab_size"], "num_key_value_heads": layer.get("num_key_value_heads"),
+            "head_dim": layer.get("head_dim"), "target_hidden_size": top["target_hidden_size"],
+            "rms_norm_eps": layer["rms_norm_eps"], **_rope(layer),
+            "max_position_embeddings": layer["max_position_embeddings"],
+            "norm_before_residual": top["norm_before_residual"],
+            "taps": None if taps is None else tuple(taps),  # the entering-layer convention, as vLLM's
+            "tap_norm": "joint" if top["norm_before_fc"] else "each" if top["fc_norm"] else "none",
+            "feed_normed": top["norm_output"], "sliding_window": layer["window"]}
+
+
+def rename_weights(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """speculators' weight names → the published EAGLE-3 layout's (``layers.0.`` → ``midlayer.``), the
+    training-only copies of the target's norm and LM head dropped."""
+    deeper = sorted(k for k in state if re.match(r"layers\.[1-9]\d*\.", k))
+    if deeper:
+        raise EagleHeadError(f"{where} holds a second decoder layer ({deeper[0]}); only single-layer heads are "
+                             "supported")
+    return {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+            for k, v in state.items() if k not in TRAINING_ONLY}
