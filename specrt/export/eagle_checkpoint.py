@@ -37,6 +37,30 @@ def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
             "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h)}
 
 
+# what a head folder holds: fetched from the hub, nothing else is (READMEs, training logs, optimizer states)
+HEAD_FILES = (CONFIG_NAME, "*.safetensors", WEIGHTS_NAME + ".index.json", BIN_NAME)
+
+
+def resolve_head(source: str | os.PathLike) -> Path:
+    """A local head folder, or a hub id (``owner/name``) fetched into the Hugging Face cache as a target's hub id
+    is (its config and weights only). Export and training call this; the runtime reads the local folder."""
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        return folder
+    from .loading import is_path_like
+
+    text = str(source)
+    if folder.exists() or is_path_like(text) or text.count("/") != 1:
+        raise EagleHeadError(f"EAGLE-3 head folder not found: {source}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=text, allow_patterns=list(HEAD_FILES)))
+    except (OSError, ValueError) as e:  # the hub's HTTP, offline and repo-id errors derive from these
+        raise EagleHeadError(f"EAGLE-3 head {text!r} is neither a local folder nor fetchable from the Hugging Face "
+                             f"hub: {str(e).splitlines()[0]}") from None
+
+
 def _shards(folder: Path, index: Path) -> list[Path]:
     """The files a ``model.safetensors.index.json`` names (heads that ship the embedding table are often
     sharded), each inside ``folder``."""

@@ -29,7 +29,7 @@ from ..bundle import contract as C
 from ..bundle.parity import PARITY_TOLERANCE, ParityTolerance, compare_logits, within
 from ..errors import EagleHeadError, ParityError
 from .eagle import Eagle3Config, Eagle3Head
-from .eagle_checkpoint import check_target, load_eagle3
+from .eagle_checkpoint import check_target, load_eagle3, resolve_head
 
 ARCHITECTURE = "eagle3"  # the head's ModelEntry.architecture
 GRAPH_FILE = "eagle.onnx"
@@ -68,7 +68,7 @@ def read_head(path: str | Path, target_config: Any) -> HeadInfo:
     """Load and check the head at ``path`` for the target of ``target_config`` (every refusal one line);
     the taps are the head config's explicit ones or :func:`eagle.tap_layers` of the target's depth."""
     check_eagle_target(getattr(target_config, "model_type", None))
-    path = Path(path).expanduser()
+    path = resolve_head(path)  # a hub id: fetched once here, the manifest then names the local copy
     cfg, head, _d2t, _t2d = load_eagle3(path, target_config)
     has_embedding = head.embed_tokens is not None
     taps = check_target(cfg, target_config, has_embedding=has_embedding)

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigError, EagleHeadError
 from .eagle import DTYPES, Eagle3Config, Eagle3Head, tap_layers
-from .eagle_checkpoint import load_eagle3
+from .eagle_checkpoint import load_eagle3, resolve_head
 
 
 def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:
@@ -98,7 +98,7 @@ def _copy_last_layer(head: Eagle3Head, model: Any) -> bool:
 def init_head(path: str, target_config: Any) -> tuple[Eagle3Config, Eagle3Head, torch.Tensor, torch.Tensor]:
     """A warm start's head (specrt's or the published layout), checked against the target, in fp32."""
     try:
-        cfg, head, d2t, t2d = load_eagle3(path, target_config)
+        cfg, head, d2t, t2d = load_eagle3(resolve_head(path), target_config)
     except EagleHeadError as e:
         raise ConfigError(f"eagle train --init: {e}") from None
     if head.embed_tokens is not None:

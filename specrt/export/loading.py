@@ -10,7 +10,7 @@ from .architectures import adapter_for
 _DTYPES = {"float32": "float32", "float16": "float16"}
 
 
-def _is_path_like(source: str) -> bool:
+def is_path_like(source: str) -> bool:
     return source.startswith((".", "/", "~")) or Path(source).is_absolute() or "\\" in source or source.count("/") > 1
 
 
@@ -23,7 +23,7 @@ def resolve_source(source: str) -> str:
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{source} has no config.json: not a Hugging Face model folder")
         return str(p)
-    if _is_path_like(source):
+    if is_path_like(source):
         raise ModelLoadError(f"model folder not found: {source}")
     return source  # a hub id such as "Qwen/Qwen2-0.5B"; transformers resolves and caches it
 

@@ -337,3 +337,37 @@ def test_the_gqa_graph_and_an_int8_head_keep_it_exact(speculators_bundle, tmp_pa
         for method in ("eagle", "eagle-tree"):
             got = gen.generate(PROMPTS[0], max_new_tokens=24, method=method, eagle_tree="4,4,16")
             assert got.token_ids == want and got.stats.drafted > 0, (bundle, method)
+
+
+def test_a_hub_id_is_fetched_once_at_export(speculators_bundle, tmp_path, monkeypatch):
+    """``--eagle owner/name`` goes through huggingface_hub's snapshot_download (a stand-in with its signature:
+    nothing is downloaded in tests), the config and weights only; the manifest then names the local copy."""
+    import huggingface_hub
+    from click.testing import CliRunner
+
+    from specrt.bundle.manifest import load_manifest
+    from specrt.cli import main
+
+    target, folder, _ = speculators_bundle
+    calls = []
+
+    def snapshot_download(repo_id: str, *, allow_patterns=None, **kwargs) -> str:
+        calls.append((repo_id, tuple(allow_patterns), kwargs))
+        if repo_id != "RedHatAI/tiny-speculator.eagle3":  # what the hub raises offline, for a repo not cached
+            raise huggingface_hub.errors.LocalEntryNotFoundError(
+                "Cannot find an appropriate cached snapshot folder for the specified revision on the local disk and "
+                "outgoing traffic has been disabled.")
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    res = CliRunner().invoke(main, ["export", str(target), "--eagle", "RedHatAI/tiny-speculator.eagle3",
+                                    "-o", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert calls == [("RedHatAI/tiny-speculator.eagle3",
+                      ("config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"), {})]
+    assert load_manifest(tmp_path / "b").models["eagle"].source == str(folder)
+    res = CliRunner().invoke(main, ["export", str(target), "--eagle", "nobody/nothing", "-o", str(tmp_path / "c")])
+    assert res.exit_code == 1 and "neither a local folder nor fetchable" in res.output and "cached snapshot" in res.output
+    assert not (tmp_path / "c").exists()
+    res = CliRunner().invoke(main, ["export", str(target), "--eagle", "./no/such/head", "-o", str(tmp_path / "d")])
+    assert res.exit_code == 1 and "EAGLE-3 head folder not found" in res.output and len(calls) == 2
