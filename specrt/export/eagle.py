@@ -183,9 +183,10 @@ class Eagle3Config:
         if d.get("hidden_act", "silu") != "silu":
             raise EagleHeadError(f"EAGLE-3 config: hidden_act {d['hidden_act']!r} is not supported (silu only)")
         # variants that change the weights or the forward: refused, not ignored
-        for name in ("attention_bias", "mlp_bias", "norm_before_fc", "fc_norm", "use_sliding_window"):
+        for name in ("attention_bias", "mlp_bias", "use_sliding_window"):
             if d.get(name):
                 raise EagleHeadError(f"EAGLE-3 config: {name} is set; that variant is not supported")
+        # SpecForge's norm_output (default true) is whether the LM head reads norm(h); false has no final norm
         if d.get("norm_output", True) is not True:
             raise EagleHeadError("EAGLE-3 config: norm_output is false; that variant is not supported")
         eagle_config = d.get("eagle_config") or {}
@@ -200,7 +201,8 @@ class Eagle3Config:
                    head_dim=d.get("head_dim"), target_hidden_size=d.get("target_hidden_size"),
                    rms_norm_eps=d.get("rms_norm_eps", 1e-6), **_rope(d),
                    max_position_embeddings=d.get("max_position_embeddings", 2048),
-                   norm_before_residual=d.get("norm_before_residual", False), taps=_taps(d, eagle_config))
+                   norm_before_residual=d.get("norm_before_residual", False), taps=_taps(d, eagle_config),
+                   tap_norm=_flat_tap_norm(d, eagle_config))
 
     def to_json(self, torch_dtype: str = "float32") -> dict:
         """The published layout's ``config.json``. ``target_hidden_size`` is written only when it differs
@@ -257,6 +259,16 @@ def _rope(d: dict) -> dict:
         theta = params.get("rope_theta")
     # absent: HF Llama's default, what EAGLE and vLLM use
     return {"rope_theta": 10000.0 if theta is None else theta, "rope_scaling": scaling}
+
+
+def _flat_tap_norm(d: dict, eagle_config: dict) -> str:
+    """A norm on the taps before fc in the flat layout, named as vLLM and SpecForge name it: ``norm_before_fc``
+    (top level, or in NVIDIA's ``eagle_config``; weight ``input_norm``) and ``fc_norm`` (``fc_norm.0-2``)."""
+    joint = bool(d.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
+    each = bool(d.get("fc_norm"))
+    if joint and each:
+        raise EagleHeadError("EAGLE-3 config: norm_before_fc and fc_norm are both set (they exclude each other)")
+    return "joint" if joint else "each" if each else "none"
 
 
 def _taps(d: dict, eagle_config: dict) -> tuple[int, ...] | None:

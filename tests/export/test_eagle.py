@@ -108,6 +108,24 @@ def test_published_config_reads_with_its_defaults():
     assert Eagle3Config.from_json(gemma.to_json()) == gemma
 
 
+def test_flat_configs_name_the_tap_norms_as_vllm_and_specforge_do(tmp_path):
+    """vLLM's norm_before_fc (also inside NVIDIA's eagle_config) is one norm over the taps' concatenation
+    (weight input_norm); SpecForge's fc_norm one per tap (fc_norm.0-2): read as the speculators format's."""
+    assert Eagle3Config.from_json(config_json(norm_before_fc=True)).tap_norm == "joint"
+    assert Eagle3Config.from_json(config_json(eagle_config={"norm_before_fc": True})).tap_norm == "joint"
+    cfg = Eagle3Config.from_json(config_json(fc_norm=True))
+    assert cfg.tap_norm == "each"
+    state = published_state(Eagle3Config.from_json(config_json()))
+    state.update({f"fc_norm.{i}.weight": 1 + torch.rand(H) for i in range(3)})
+    write_published(tmp_path / "specforge", config_json(fc_norm=True), state)
+    _, head, _, _ = load_eagle3(tmp_path / "specforge")
+    torch.testing.assert_close(head.fc_norm[2].weight, state["fc_norm.2.weight"])
+    del state["fc_norm.1.weight"]
+    write_published(tmp_path / "short", config_json(fc_norm=True), state)
+    with pytest.raises(EagleHeadError, match="lacks fc_norm.1.weight"):
+        load_eagle3(tmp_path / "short")
+
+
 def test_tap_layers_convention():
     assert tap_layers(32) == (2, 16, 29)  # Llama-3.1-8B
     assert tap_layers(30) == (2, 15, 27)  # SmolLM2-135M
@@ -416,7 +434,7 @@ BAD_CONFIGS = {
     "two ropes": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0},
                    "rope_parameters": {"rope_type": "linear", "factor": 4.0}}, "disagree"),
     "no fc": ({"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state"),
-    "norm before fc": ({"norm_before_fc": True}, "norm_before_fc is set"),
+    "both tap norms": ({"norm_before_fc": True, "fc_norm": True}, "both set"),
     "gelu": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     "no hidden size": ({"hidden_size": None}, "has no hidden_size"),
     "bad heads": ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
