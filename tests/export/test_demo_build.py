@@ -6,7 +6,8 @@ from __future__ import annotations
 import specrt
 from specrt.bundle.manifest import load_manifest
 from specrt.export.demo.build import build
-from specrt.export.demo.train import ModelShape, TrainConfig, train_demo
+from specrt.export.demo.config import ModelShape, TrainConfig
+from specrt.export.demo.train import train_demo
 
 
 def test_tiny_pipeline_builds_a_working_bundle(tmp_path):

@@ -14,12 +14,11 @@ pytest.importorskip("transformers")
 
 from specrt.errors import OutputPathError  # noqa: E402
 from specrt.export.demo import corpus  # noqa: E402
+from specrt.export.demo.card import model_card  # noqa: E402
+from specrt.export.demo.config import ModelShape, TrainConfig  # noqa: E402
 from specrt.export.demo.train import (  # noqa: E402
-    ModelShape,
-    TrainConfig,
     lr_factor,
     main,
-    model_card,
     train_demo,
     train_tokenizer,
     wrap_tokenizer,
