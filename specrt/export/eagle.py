@@ -86,6 +86,7 @@ class Eagle3Config:
     tap_norm: str = "none"
     feed_normed: bool = False
     sliding_window: int | None = None  # the head attends keys less than this many positions back (speculators)
+    qk_norm: bool = False  # a Qwen3-style layer: an RMSNorm over each query and key head before rope (speculators)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -131,6 +132,8 @@ class Eagle3Config:
             raise EagleHeadError(f"EAGLE-3 config: feed_normed must be true or false, got {self.feed_normed!r}")
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
+        if not isinstance(self.qk_norm, bool):
+            raise EagleHeadError(f"EAGLE-3 config: qk_norm must be true or false, got {self.qk_norm!r}")
         if self.taps is not None:
             taps = tuple(self.taps)
             if (len(taps) != 3 or any(isinstance(t, bool) or not isinstance(t, int) for t in taps)
@@ -153,7 +156,8 @@ class Eagle3Config:
         """The speculators-format variants this head uses (empty for EAGLE-3 as EAGLE publishes it)."""
         return tuple(name for name, on in ((f"tap_norm={self.tap_norm}", self.tap_norm != "none"),
                                            ("feed_normed", self.feed_normed),
-                                           (f"sliding_window={self.sliding_window}", self.sliding_window)) if on)
+                                           (f"sliding_window={self.sliding_window}", self.sliding_window),
+                                           ("qk_norm", self.qk_norm)) if on)
 
     @classmethod
     def from_json(cls, d: dict) -> Eagle3Config:
@@ -330,11 +334,17 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        if cfg.qk_norm:  # Qwen3's attention: each head of q and k normalised, then rotated
+            self.q_norm, self.k_norm = _RMSNorm(d, cfg.rms_norm_eps), _RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x, cos, sin, mask, past_key, past_value):
         b, t, _ = x.shape
-        q = _rotate(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin)
-        k = _rotate(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
         keys = k if past_key is None else torch.cat([past_key, k], dim=1)
         values = v if past_value is None else torch.cat([past_value, v], dim=1)

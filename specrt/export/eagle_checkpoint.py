@@ -25,6 +25,8 @@ def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
     h, d = cfg.hidden_size, cfg.head_dim
     attn = {"q_proj": (cfg.num_attention_heads * d, 2 * h), "k_proj": (cfg.num_key_value_heads * d, 2 * h),
             "v_proj": (cfg.num_key_value_heads * d, 2 * h), "o_proj": (h, cfg.num_attention_heads * d)}
+    if cfg.qk_norm:
+        attn.update(q_norm=(d,), k_norm=(d,))
     mlp = {"gate_proj": (cfg.intermediate_size, h), "up_proj": (cfg.intermediate_size, h),
            "down_proj": (h, cfg.intermediate_size)}
     tap_norms = ({"input_norm.weight": (3 * cfg.target_hidden_size,)} if cfg.tap_norm == "joint" else

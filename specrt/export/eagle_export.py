@@ -145,6 +145,9 @@ class HeadWrapper(nn.Module):
             from .fused_ops import attention, rotary
 
             q, k, v = nn.functional.linear(x, self.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+            if cfg.qk_norm:  # per head, before rotary, as the target graphs do for Qwen3
+                q = self._norm(attn.q_norm, q.view(b, q_len, heads, d)).reshape(b, q_len, heads * d)
+                k = self._norm(attn.k_norm, k.view(b, q_len, kv_heads, d)).reshape(b, q_len, kv_heads * d)
             q = rotary(q, position_ids, self.cos, self.sin, heads)
             k = rotary(k, position_ids, self.cos, self.sin, kv_heads)
             keys = torch.cat([past_k.reshape(b, -1, kv_heads * d), k], dim=1)
@@ -156,6 +159,8 @@ class HeadWrapper(nn.Module):
         q = attn.q_proj(x).view(b, q_len, heads, d)
         k = attn.k_proj(x).view(b, q_len, kv_heads, d)
         v = attn.v_proj(x).view(b, q_len, kv_heads, d)
+        if cfg.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = (t * cos + _rotate_half(t) * sin for t in (q, k))
         out = attend(q, k, v, past_k, past_v, additive_mask(mask), scale)
         return attn.o_proj(out), k, v

@@ -6,8 +6,9 @@ as a diff against its class defaults, so absent keys take that class's defaults:
 transformers itself), keeps the EAGLE-3 fields at the top level and names the layer ``layers.0.*`` where
 EAGLE's layout says ``midlayer.*``. Its variants map onto the config: ``norm_before_residual`` as is,
 ``norm_before_fc`` → ``tap_norm="joint"`` (weight ``input_norm``), ``fc_norm`` → ``tap_norm="each"``
-(``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``. What specrt does
-not implement (stacked layers, a Qwen3 layer with q/k norms, other than three taps) is refused in one line. Sources and
+(``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``, a Qwen3 layer →
+``qk_norm``. What specrt does not implement (stacked layers, other than three taps, biases) is refused in one
+line. Sources and
 line references: docs/design/eagle3.md, "The speculators format".
 """
 
@@ -39,19 +40,24 @@ def _layer_config(raw: dict) -> dict:
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise EagleHeadError("speculators EAGLE-3 config: transformer_layer_config is missing or not an object")
-    model_type = layer.get("model_type")
-    if model_type != "llama":
-        kind = ("no model_type, so speculators builds a Qwen3 layer" if model_type is None
-                else f"a {model_type!r} decoder layer")
-        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config has {kind}; specrt runs "
-                             "Llama-style head layers only (no q/k norms)")
-    from transformers import LlamaConfig
-
+    # speculators builds a Qwen3 layer when the type is left out (config.py, validate_transformer_config)
+    model_type = layer.get("model_type", "qwen3")
+    if model_type not in ("llama", "qwen3"):
+        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config has a {model_type!r} decoder "
+                             "layer; specrt runs Llama and Qwen3 head layers")
     try:
-        full = LlamaConfig(**{k: v for k, v in layer.items() if k != "model_type"}).to_dict()
+        if model_type == "llama":
+            from transformers import LlamaConfig as config_class
+        else:
+            from transformers import Qwen3Config as config_class
+    except ImportError:
+        raise EagleHeadError("a Qwen3 head layer needs transformers >= 4.51 (Qwen3Config)") from None
+    try:
+        full = config_class(**{k: v for k, v in layer.items() if k != "model_type"}).to_dict()
     except (TypeError, ValueError, KeyError) as e:
-        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config does not read as a Llama "
+        raise EagleHeadError(f"speculators EAGLE-3 config: transformer_layer_config does not read as a {model_type} "
                              f"config: {str(e).splitlines()[0]}") from None
+    full["qk_norm"] = model_type == "qwen3"
     types = full.get("layer_types") or []
     if any(t not in ("full_attention", "sliding_attention") for t in types):
         raise EagleHeadError(f"speculators EAGLE-3 config: layer_types {types} name an attention specrt does not run")
@@ -102,7 +108,7 @@ def config_fields(raw: dict) -> dict:
             "norm_before_residual": top["norm_before_residual"],
             "taps": None if taps is None else tuple(taps),  # the entering-layer convention, as vLLM's
             "tap_norm": "joint" if top["norm_before_fc"] else "each" if top["fc_norm"] else "none",
-            "feed_normed": top["norm_output"], "sliding_window": layer["window"]}
+            "feed_normed": top["norm_output"], "sliding_window": layer["window"], "qk_norm": layer["qk_norm"]}
 
 
 def rename_weights(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:

@@ -260,11 +260,13 @@ def test_cached_steps_equal_the_full_forward():
         torch.testing.assert_close(getattr(as_bool, name), getattr(full, name), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_forward_matches_a_step_by_step_computation(norm_before_residual):
-    """The architecture written out with plain ops, in float64, on the same weights."""
+@pytest.mark.parametrize("norm_before_residual, qk_norm", [(False, False), (True, False), (False, True)])
+def test_forward_matches_a_step_by_step_computation(norm_before_residual, qk_norm):
+    """The architecture written out with plain ops, in float64, on the same weights (``qk_norm``: the Qwen3
+    layer a speculators head may have, each query and key head normalised before rope)."""
     cfg = Eagle3Config.from_json(config_json(target_hidden_size=40, norm_before_residual=norm_before_residual,
                                              rope_theta=5000.0))
+    cfg = Eagle3Config(**{**cfg.__dict__, "qk_norm": qk_norm})
     head = random_head(cfg, seed=3)
     t = 6
     taps, embeds, _ = inputs(cfg, 1, t, seed=4)
@@ -292,6 +294,9 @@ def test_forward_matches_a_step_by_step_computation(norm_before_residual):
     normed = rms(fused, w["midlayer.hidden_norm.weight"])
     x = torch.cat([rms(embeds[0].double(), w["midlayer.input_layernorm.weight"]), normed], -1)  # 2. [emb ‖ feat]
     q, k, v = (x @ w[f"midlayer.self_attn.{n}_proj.weight"].T for n in "qkv")
+    if qk_norm:  # per head of d values
+        q = torch.cat([rms(q[:, j * d:(j + 1) * d], w["midlayer.self_attn.q_norm.weight"]) for j in range(HEADS)], -1)
+        k = torch.cat([rms(k[:, j * d:(j + 1) * d], w["midlayer.self_attn.k_norm.weight"]) for j in range(KV)], -1)
     heads_out = []
     for hq in range(HEADS):  # 3. attention, query head hq reads KV head hq // group
         hk = hq // group

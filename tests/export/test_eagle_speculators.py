@@ -119,6 +119,12 @@ def test_a_published_config_reads_with_the_formats_defaults():
     assert Eagle3Config.from_json(bare).variants == () and not Eagle3Config.from_json(bare).norm_before_residual
     with pytest.raises(EagleHeadError, match="flat EAGLE-3 layout has no fields for tap_norm=each, feed_normed"):
         tiny.to_json()
+    # a Qwen3 layer (speculators' --draft-arch qwen3, and what it builds when model_type is left out)
+    for layer in ({"model_type": "qwen3"}, {}):
+        qwen = speculators_config()
+        qwen["transformer_layer_config"].pop("model_type")
+        qwen["transformer_layer_config"].update(layer)
+        assert Eagle3Config.from_json(qwen).qk_norm and Eagle3Config.from_json(qwen).variants == ("qk_norm",)
     # speculators' trainer now slides every draft layer (window 2048) unless told which to keep full
     slid = speculators_config()
     slid["transformer_layer_config"].update(sliding_window=2048, use_sliding_window=True,
@@ -132,8 +138,7 @@ BAD = {
     "eagle-1": ({"speculators_model_type": "eagle"}, "is an EAGLE-1 / HASS head, not an EAGLE-3 head"),
     "dflash": ({"speculators_model_type": "dflash"}, "is a DFlash drafter"),
     "no layer config": ({"transformer_layer_config": None}, "transformer_layer_config is missing"),
-    "qwen3 layer": ({"transformer_layer_config": {"model_type": "qwen3", "hidden_size": H}}, "a 'qwen3' decoder layer"),
-    "layer without a type": ({"transformer_layer_config": {"hidden_size": H}}, "speculators builds a Qwen3 layer"),
+    "gemma layer": ({"transformer_layer_config": {"model_type": "gemma", "hidden_size": H}}, "a 'gemma' decoder layer"),
     "both tap norms": ({"norm_before_fc": True, "fc_norm": True}, "both set"),
     "two taps": ({"eagle_aux_hidden_state_layer_ids": [2, 4]}, "exactly three target layers"),
     "flag not bool": ({"norm_output": "yes"}, "norm_output must be true or false"),
@@ -274,7 +279,8 @@ def test_checkpoint_refusals(tmp_path):
 @pytest.fixture(scope="module")
 def speculators_bundle(tmp_path_factory):
     """A tiny llama target exported with a speculators head using every variant specrt implements (the taps
-    normalised jointly, the residual after hidden_norm, the normalised output fed back, a sliding window)."""
+    normalised jointly, the residual after hidden_norm, the normalised output fed back, a sliding window, a
+    Qwen3 layer's q/k norms)."""
     from specrt.export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("speculators")
@@ -284,8 +290,9 @@ def speculators_bundle(tmp_path_factory):
     vocab = AutoConfig.from_pretrained(target).vocab_size
     config = speculators_config(taps=(1, 3, 4), vocab=vocab, draft=96, hidden=64, norm_before_fc=True,
                                 norm_before_residual=True, norm_output=True)
-    # a window shorter than the test prompts, so it decides what the head attends
-    config["transformer_layer_config"].update(sliding_window=6, layer_types=["sliding_attention"])
+    # a Qwen3 layer (q/k norms), with a window shorter than the test prompts, so it decides what the head attends
+    config["transformer_layer_config"].update(model_type="qwen3", sliding_window=6, use_sliding_window=True,
+                                              layer_types=["sliding_attention"])
     head = random_head(Eagle3Config.from_json(config), seed=3)
     folder = write_speculators(root / "head", config, head)
     out = root / "bundle"
