@@ -4,9 +4,9 @@ layout is :mod:`specrt.export.eagle_checkpoint`).
 A head is one decoder layer that reads three of the target's hidden states (fused by ``fc``) next to
 the next token's embedding and predicts over a reduced draft vocabulary. The layout, the forward pass
 and the tap-layer convention, each with its public source, are in docs/design/eagle3.md; this module
-is written from that description. Only single-layer Llama-style heads are accepted (``LlamaForCausalLMEagle3``,
-or the ``speculators`` format with its tap-norm and fed-back-norm variants): every variant it does not
-implement is refused with an :class:`EagleHeadError`, never silently ignored.
+is written from that description. Only single-layer heads are accepted (``LlamaForCausalLMEagle3``, or the
+``speculators`` format with the variants its trainer uses): every variant it does not implement is refused
+with an :class:`EagleHeadError`, never silently ignored.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class Eagle3Config:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The speculators-format variants this head uses (empty for EAGLE-3 as EAGLE publishes it)."""
+        """The variants of EAGLE-3 as EAGLE publishes it that this head uses (speculators', vLLM's, SpecForge's)."""
         return tuple(name for name, on in ((f"tap_norm={self.tap_norm}", self.tap_norm != "none"),
                                            ("feed_normed", self.feed_normed),
                                            (f"sliding_window={self.sliding_window}", self.sliding_window),
@@ -211,8 +211,9 @@ class Eagle3Config:
     def to_json(self, torch_dtype: str = "float32") -> dict:
         """The published layout's ``config.json``. ``target_hidden_size`` is written only when it differs
         from ``hidden_size``: EAGLE skips loading the target's embedding whenever the key is present."""
-        if self.variants:
-            raise EagleHeadError(f"the flat EAGLE-3 layout has no fields for {', '.join(self.variants)} "
+        unwritable = [v for v in self.variants if not v.startswith("tap_norm")]
+        if unwritable:
+            raise EagleHeadError(f"the flat EAGLE-3 layout has no fields for {', '.join(unwritable)} "
                                  "(speculators-format variants); specrt writes the standard head only")
         d: dict[str, Any] = {
             "architectures": [ARCHITECTURE], "model_type": "llama", "hidden_act": "silu",
@@ -228,6 +229,8 @@ class Eagle3Config:
             d["target_hidden_size"] = self.target_hidden_size
         if self.norm_before_residual:
             d["norm_before_residual"] = True
+        if self.tap_norm != "none":  # vLLM's and SpecForge's names, read back by from_json
+            d["norm_before_fc" if self.tap_norm == "joint" else "fc_norm"] = True
         if self.taps is not None:
             # both conventions, so vLLM (top level, entering layer i) and SGLang/SpecForge (nested,
             # output of layer i) each read the same layers

@@ -117,8 +117,10 @@ def test_a_published_config_reads_with_the_formats_defaults():
     bare = {k: v for k, v in speculators_config().items() if k not in ("norm_before_residual", "norm_before_fc",
                                                                         "fc_norm", "norm_output")}
     assert Eagle3Config.from_json(bare).variants == () and not Eagle3Config.from_json(bare).norm_before_residual
-    with pytest.raises(EagleHeadError, match="flat EAGLE-3 layout has no fields for tap_norm=each, feed_normed"):
+    with pytest.raises(EagleHeadError, match="flat EAGLE-3 layout has no fields for feed_normed"):
         tiny.to_json()
+    each = Eagle3Config(**{**tiny.__dict__, "feed_normed": False})  # a tap norm has flat names (vLLM, SpecForge)
+    assert each.to_json()["fc_norm"] is True and Eagle3Config.from_json(each.to_json()) == each
     # a Qwen3 layer (speculators' --draft-arch qwen3, and what it builds when model_type is left out)
     for layer in ({"model_type": "qwen3"}, {}):
         qwen = speculators_config()
@@ -267,9 +269,14 @@ def test_checkpoint_refusals(tmp_path):
     write_speculators(tmp_path / "other-target", speculators_config(vocab=V, draft=D), plain)
     with pytest.raises(EagleHeadError, match="vocab_size is 200; this target's is 300"):
         load_eagle3(tmp_path / "other-target", {"hidden_size": H, "vocab_size": 300, "num_hidden_layers": 5})
-    # specrt writes (and trains) the standard head only: nothing half written
-    with pytest.raises(EagleHeadError, match="no fields for tap_norm=joint"):
-        save_eagle3(tmp_path / "out", head.cfg, head, *vocab_map())
+    # a tap norm is written in the flat layout as vLLM names it, and reads back to the same head
+    save_eagle3(tmp_path / "flat", head.cfg, head, *vocab_map())
+    _, again, _, _ = load_eagle3(tmp_path / "flat")
+    assert again.cfg == head.cfg and torch.equal(again.input_norm.weight, head.input_norm.weight)
+    # what the flat layout cannot say is refused before anything is written
+    fed = Eagle3Config.from_json(speculators_config(norm_output=True))
+    with pytest.raises(EagleHeadError, match="no fields for feed_normed"):
+        save_eagle3(tmp_path / "out", fed, random_head(fed), *vocab_map())
     assert not (tmp_path / "out").exists()
 
 
