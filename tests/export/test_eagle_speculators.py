@@ -386,3 +386,23 @@ def test_a_hub_id_is_fetched_once_at_export(speculators_bundle, tmp_path, monkey
     assert not (tmp_path / "c").exists()
     res = CliRunner().invoke(main, ["export", str(target), "--eagle", "./no/such/head", "-o", str(tmp_path / "d")])
     assert res.exit_code == 1 and "EAGLE-3 head folder not found" in res.output and len(calls) == 2
+
+
+def test_only_a_hub_id_is_sent_to_the_hub(tmp_path, monkeypatch):
+    """A folder is read where it is; ``owner/name`` that is no folder here goes to snapshot_download; anything
+    path-like that is missing is a one-line 'not found', never a hub request."""
+    import huggingface_hub
+
+    from specrt.export.eagle_checkpoint import resolve_head
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, *, allow_patterns=None, **kw: asked.append(repo_id) or str(tmp_path))
+    (tmp_path / "owner" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_head("owner/name").resolve() == tmp_path / "owner" / "name"  # a local folder wins
+    assert resolve_head("RedHatAI/x.eagle3") == tmp_path and asked == ["RedHatAI/x.eagle3"]
+    for missing in ("./gone", "a/b/c", str(tmp_path / "gone"), "just-a-name"):
+        with pytest.raises(EagleHeadError, match="EAGLE-3 head folder not found"):
+            resolve_head(missing)
+    assert asked == ["RedHatAI/x.eagle3"]
