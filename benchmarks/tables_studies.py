@@ -348,6 +348,21 @@ def eagle_train_runs(data: dict) -> str:
                 "held-out α, first draft", "by depth", "tokens / pass at depth 3"], rows)
 
 
+@table("eagle-variants-smollm2-cpu", "eagle-variants-smollm2-cpu.json")
+def eagle_variants(data: dict) -> str:
+    """benchmarks/eagle_variants.py: head variants trained from scratch on one cache, same batches and seed;
+    held-out greedy acceptance as `specrt eagle train` measures it."""
+    rows = []
+    for r in data["runs"]:
+        held, fields = r["heldout"], r["fields"]
+        what = ", ".join(f"{k}={v}" for k, v in fields.items()) or "standard EAGLE-3"
+        rows.append([r["variant"], what, f"{sum(r['loss_history'][-50:]) / 50:.3f}", f"{held['kl']:.3f}",
+                     f"{held['alpha1']:.3f}", " / ".join(f"{a:.3f}" for a in held["alpha_by_depth"]),
+                     f"{held['tokens_per_pass']:.3f}", f"{r['train_s'] / 60:.0f}"])
+    return _md(["variant", "fields", "training loss, last 50 steps", "held-out KL", "held-out α, first draft",
+                "by depth", f"tokens / pass at depth {data['ttt_steps']}", "training (min)"], rows)
+
+
 @table("eagle-self-prompts-smollm2-cpu", "eagle-train-r6-smollm2-cpu.json")
 def eagle_self_prompts(data: dict) -> str:
     """Round 4's head against round 6's (trained on with prompts SmolLM2 wrote itself): held-out acceptance on
