@@ -6,6 +6,8 @@ held-out greedy acceptance as `specrt eagle train` measures it.
     specrt eagle train ./smollm2-135m -o head7 ... --keep-checkpoint      # any run: its cache is the data
     python benchmarks/eagle_variants.py ./smollm2-135m head7/.train/cache.pt --steps 600 \
         --variants standard,eagle31 --json benchmarks/eagle-variants-smollm2-cpu.json
+    python benchmarks/eagle_variants.py ./smollm2-135m head7/.train/cache.pt --steps 600 \
+        --variants fed-back-norm --json benchmarks/eagle-variants-smollm2-cpu.json --append
 
 The cache holds the target's taps and top-k log-probabilities for every training and held-out sequence, so
 no variant generates anything: what differs between rows is the head alone. One process, variants in turn.
@@ -33,6 +35,7 @@ VARIANTS = {
     "standard": {},
     "eagle31": {"tap_norm": "joint", "norm_before_residual": True, "feed_normed": True},
     "joint-norm": {"tap_norm": "joint", "norm_before_residual": True},
+    "fed-back-norm": {"feed_normed": True},
 }
 
 
@@ -65,6 +68,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--append", action="store_true",
+                    help="add these runs to --json's (same settings and cache size; each variant is deterministic)")
     args = ap.parse_args()
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
@@ -82,11 +87,16 @@ def main() -> None:
               f"{' / '.join(f'{a:.3f}' for a in h['alpha_by_depth'])}, {h['tokens_per_pass']:.3f} tokens per pass "
               f"at depth {h['depth']}, KL {h['kl']:.3f} ({r['train_s'] / 60:.1f} min)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": cpu_name(), "compute": compute, "steps": args.steps,
-                                         "batch_size": args.batch_size, "lr": args.lr, "ttt_steps": args.ttt_steps,
-                                         "sequences_train": len(cache["train"]["length"]),
-                                         "sequences_heldout": len(cache["heldout"]["length"]), "runs": runs},
-                                        indent=1) + "\n")
+        record = {"machine": cpu_name(), "compute": compute, "steps": args.steps, "batch_size": args.batch_size,
+                  "lr": args.lr, "ttt_steps": args.ttt_steps, "sequences_train": len(cache["train"]["length"]),
+                  "sequences_heldout": len(cache["heldout"]["length"]), "runs": runs}
+        if args.append and args.json.exists():
+            old = json.loads(args.json.read_text())
+            differ = [k for k in record if k not in ("machine", "runs") and old.get(k) != record[k]]
+            if differ:
+                raise SystemExit(f"{args.json} was measured with other {', '.join(differ)}; not appended")
+            record["runs"] = [o for o in old["runs"] if o["variant"] not in names] + runs  # a rerun replaces
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
