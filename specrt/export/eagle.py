@@ -56,6 +56,11 @@ def _positive_int(name: str, value: Any) -> None:
         raise EagleHeadError(f"EAGLE-3 config: {name} must be a positive integer, got {value!r}")
 
 
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise EagleHeadError(f"EAGLE-3 config: {name} must be true or false, got {value!r}")
+
+
 def _positive_float(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise EagleHeadError(f"EAGLE-3 config: {name} must be a positive number, got {value!r}")
@@ -122,18 +127,13 @@ class Eagle3Config:
                 raise EagleHeadError(f"EAGLE-3 config: rope type {kind!r} is not supported (default, "
                                      f"{', '.join(STATIC_ROPES)}: frequencies that do not change with the length)")
             _positive_float("rope scaling factor", self.rope_scaling.get("factor"))
-        if not isinstance(self.norm_before_residual, bool):
-            raise EagleHeadError(f"EAGLE-3 config: norm_before_residual must be true or false, "
-                                 f"got {self.norm_before_residual!r}")
+        for name in ("norm_before_residual", "feed_normed", "qk_norm"):
+            _flag(name, getattr(self, name))
         if self.tap_norm not in TAP_NORMS:
             raise EagleHeadError(f"EAGLE-3 config: tap_norm must be one of {', '.join(TAP_NORMS)}, "
                                  f"got {self.tap_norm!r}")
-        if not isinstance(self.feed_normed, bool):
-            raise EagleHeadError(f"EAGLE-3 config: feed_normed must be true or false, got {self.feed_normed!r}")
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
-        if not isinstance(self.qk_norm, bool):
-            raise EagleHeadError(f"EAGLE-3 config: qk_norm must be true or false, got {self.qk_norm!r}")
         if self.taps is not None:
             taps = tuple(self.taps)
             if (len(taps) != 3 or any(isinstance(t, bool) or not isinstance(t, int) for t in taps)
@@ -433,11 +433,14 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"EAGLE-3 taps have width {taps.shape[-1]}, expected 3 x {self.cfg.target_hidden_size}")
         return self.fc(self.norm_taps(taps))
 
-    def norm_taps(self, taps: torch.Tensor) -> torch.Tensor:
+    def norm_taps(self, taps: torch.Tensor, apply: Any = None) -> torch.Tensor:
+        """The taps as ``fc`` reads them; ``apply(norm, x)`` runs each RMS norm (default: the module itself; the
+        exported graph passes its single-node form)."""
+        apply = apply or (lambda norm, x: norm(x))
         if self.cfg.tap_norm == "joint":
-            return self.input_norm(taps)
+            return apply(self.input_norm, taps)
         if self.cfg.tap_norm == "each":
-            return torch.cat([norm(t) for norm, t in zip(self.fc_norm, taps.chunk(3, dim=-1))], dim=-1)
+            return torch.cat([apply(norm, t) for norm, t in zip(self.fc_norm, taps.chunk(3, dim=-1))], dim=-1)
         return taps
 
     def forward(self, taps, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
@@ -470,10 +473,12 @@ class Eagle3Head(nn.Module):
         if attention_mask.dtype == torch.bool:
             zero = torch.zeros((), dtype=features.dtype, device=features.device)
             attention_mask = torch.where(attention_mask, zero, torch.finfo(features.dtype).min + zero)
-        if self.cfg.sliding_window is not None:  # past slot j holds position j, as in the target's cache
-            keys = torch.cat([torch.arange(past, device=features.device).expand(b, past), position_ids], dim=1)
-            far = position_ids.unsqueeze(2) - keys.unsqueeze(1) >= self.cfg.sliding_window  # [B, T, P+T]
-            attention_mask = attention_mask.masked_fill(far.unsqueeze(1), torch.finfo(attention_mask.dtype).min)
+        if self.cfg.sliding_window is not None:  # as the target graphs narrow theirs (past slot j: position j)
+            from .architectures import window_mask
+
+            near = window_mask(torch.ones_like(attention_mask, dtype=torch.bool), position_ids, past,
+                               self.cfg.sliding_window)
+            attention_mask = attention_mask.masked_fill(~near, torch.finfo(attention_mask.dtype).min)
         cos, sin = self.rotary(features, position_ids)
         h, k, v = self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
         return (self.norm(h) if self.cfg.feed_normed else h), k, v

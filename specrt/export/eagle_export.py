@@ -176,7 +176,7 @@ class HeadWrapper(nn.Module):
                 eagle_taps: torch.Tensor, eagle_features: torch.Tensor, past: tuple[torch.Tensor, ...],
                 logits_index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         head, mid = self.head, self.head.midlayer
-        features = head.fc(self._norm_taps(eagle_taps)) + eagle_features  # a norm keeps zero taps zero
+        features = head.fc(head.norm_taps(eagle_taps, self._norm)) + eagle_features  # a norm keeps zero taps zero
         normed = self._norm(mid.hidden_norm, features)
         residual = normed if self.cfg.norm_before_residual else features
         x = torch.cat([self._norm(mid.input_layernorm, self._embed(input_ids)), normed], dim=-1)  # embedding first
@@ -192,14 +192,6 @@ class HeadWrapper(nn.Module):
         rows = h if logits_index is None else h.index_select(1, logits_index)  # a catch-up reads its last row
         logits = head.lm_head(rows if self.cfg.feed_normed else self._norm(head.norm, rows)).float()
         return logits, h, k, v
-
-    def _norm_taps(self, taps: torch.Tensor) -> torch.Tensor:
-        if self.cfg.tap_norm == "joint":
-            return self._norm(self.head.input_norm, taps)
-        if self.cfg.tap_norm == "each":
-            chunks = taps.chunk(3, dim=-1)
-            return torch.cat([self._norm(n, t) for n, t in zip(self.head.fc_norm, chunks)], dim=-1)
-        return taps
 
 
 def export_copy(head: Eagle3Head, dtype: torch.dtype, order: torch.Tensor | None = None) -> Eagle3Head:
