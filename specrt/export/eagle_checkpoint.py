@@ -68,14 +68,13 @@ def _shards(folder: Path, index: Path) -> list[Path]:
     sharded), each inside ``folder``."""
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
-        names = sorted(set(weight_map.values()))
+        names = sorted(set(weight_map.values()))  # mixed types do not sort: a TypeError, caught below
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise EagleHeadError(f"{index} is not a safetensors index (no weight_map): {e}") from None
-    files = [folder / n for n in names]
-    bad = [n for n, f in zip(names, files) if not isinstance(n, str) or f.parent != folder or not f.is_file()]
+    bad = [n for n in names if not isinstance(n, str) or (folder / n).parent != folder or not (folder / n).is_file()]
     if bad:
         raise EagleHeadError(f"{index} names {bad[0]!r}, which is not a file in {folder}")
-    return files
+    return [folder / n for n in names]
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:

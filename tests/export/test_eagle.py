@@ -472,9 +472,10 @@ def test_bad_folders_are_refused(tmp_path):
     (tmp_path / "empty" / "model.safetensors.index.json").write_text("{}")
     with pytest.raises(EagleHeadError, match="not a safetensors index"):
         load_eagle3(tmp_path / "empty")
-    (tmp_path / "empty" / "model.safetensors.index.json").write_text('{"weight_map": {"fc.weight": "../x"}}')
-    with pytest.raises(EagleHeadError, match="not a file in"):
-        load_eagle3(tmp_path / "empty")
+    for shard in ('"../x"', "3"):  # outside the folder; not a file name at all
+        (tmp_path / "empty" / "model.safetensors.index.json").write_text(f'{{"weight_map": {{"fc.weight": {shard}}}}}')
+        with pytest.raises(EagleHeadError, match="not a file in"):
+            load_eagle3(tmp_path / "empty")
     (tmp_path / "empty" / "model.safetensors.index.json").unlink()
     (tmp_path / "empty" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00garbage!")
     with pytest.raises(EagleHeadError, match="could not read the weights"):
