@@ -2,9 +2,10 @@
 # SmolLM2-135M-Instruct's EAGLE-3 head trained on a CUDA GPU (`specrt eagle train --device cuda`): round 4's
 # seed prompts (benchmarks/prompts/eagle-seeds-r4.json, the same held-out split) with SEQ continuations
 # spread over them, plus SELF prompts the target writes itself, from scratch (or INIT=a head folder: train
-# that one further; a 29 MB head does not fit beside part.01 in one call's 64 MiB). On a machine that receives at most 64 MiB a call and sends back files of at most
-# 16 MiB: the GGUF arrives as benchmarks/gpu_smollm2_target.sh says; the head comes back as
-# OUT/head/{config.json, training.json, model.safetensors.part-0*} (join: cat part-0* > model.safetensors).
+# that one further; a 29 MB head does not fit beside part.01 in one call's 64 MiB). On a machine that receives
+# at most 64 MiB a call and sends back files of at most 16 MiB: the GGUF arrives as benchmarks/gpu_smollm2_target.sh
+# says; the head comes back as OUT/head/{config.json, training.json, model.safetensors.part-0*} (join: cat
+# part-0* > model.safetensors).
 # Sizes: SELF (default 3000), SEQ (12000), STEPS (3000), BS (16), LR (1e-3): ~14,000 sequences, a ~10 GB
 # cache in host memory. Not yet run on a GPU: its generation rate there is unmeasured, so give the first run
 # a call of its own (10 minutes at most) and read train.log's progress lines before sizing up.

@@ -47,8 +47,9 @@ from .options import (
 @click.option("--eagle", metavar="HEAD", type=click.Path(file_okay=False),
               help="EAGLE-3 head for MODEL, a folder or a hub id (in the published layout: config.json + "
                    "model.safetensors with fc, midlayer.*, lm_head, d2t, t2d; or in the speculators format vLLM "
-                   "serves, e.g. RedHatAI's *-speculator.eagle3): adds eagle.onnx and its vocabulary map, and the target graph outputs the "
-                   "hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 targets).")
+                   "serves, e.g. RedHatAI's *-speculator.eagle3): adds eagle.onnx and its vocabulary map, and the "
+                   "target graph outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 "
+                   "targets).")
 @click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=parse_bits,
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits. "
                    "Without it the target stays float; --draft-quantize / --eagle-quantize int4|int8 still "

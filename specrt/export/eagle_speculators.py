@@ -8,8 +8,7 @@ EAGLE's layout says ``midlayer.*``. Its variants map onto the config: ``norm_bef
 ``norm_before_fc`` → ``tap_norm="joint"`` (weight ``input_norm``), ``fc_norm`` → ``tap_norm="each"``
 (``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``, a Qwen3 layer →
 ``qk_norm``. What specrt does not implement (stacked layers, other than three taps, biases) is refused in one
-line. Sources and
-line references: docs/design/eagle3.md, "The speculators format".
+line. Sources and line references: docs/design/eagle3.md, "The speculators format".
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...theory import expected_tokens
 
+
 def model_card(record: dict) -> str:
     """A short markdown model card rendered from a training.json record."""
     cfg, corp, alpha = record["config"], record["corpus"], record["alpha"]

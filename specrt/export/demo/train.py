@@ -2,7 +2,8 @@
 
 Pipeline: corpus (:mod:`specrt.export.demo.corpus`) → byte-level BPE tokenizer → target LlamaForCausalLM trained by
 next-token cross entropy → draft LlamaForCausalLM distilled from the frozen target → ``training.json`` and a
-model card (:mod:`.card`); what a run is made of, :mod:`.config`. Both models are ordinary Hugging Face checkpoints that ``specrt export`` takes as they are.
+model card (:mod:`.card`); what a run is made of, :mod:`.config`. Both models are ordinary Hugging Face
+checkpoints that ``specrt export`` takes as they are.
 
     python -m specrt.export.demo.train --out runs/demo                # the shipped configuration
     python -m specrt.export.demo.train --out /tmp/tiny --tiny         # a smoke run in well under a minute
