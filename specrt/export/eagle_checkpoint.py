@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from ..errors import EagleHeadError
-from .eagle import DTYPES, Eagle3Config, Eagle3Head, validate_vocab_map
+from .eagle import DTYPES, Eagle3Config, Eagle3Head
 from .eagle_speculators import is_speculators, rename_weights
+from .eagle_vocab import validate_vocab_map
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ModelLoadError, OutputPathError
-from .eagle import DTYPES, Eagle3Head, draft_to_target_ids, tap_layers
+from .eagle import DTYPES, Eagle3Head, tap_layers
 from .eagle_checkpoint import save_eagle3
 from .eagle_data import (
     BatchSampler,
@@ -43,6 +43,7 @@ from .eagle_data import (
 )
 from .eagle_init import head_config, init_head, new_head, saved_copy
 from .eagle_prompts import user_turn
+from .eagle_vocab import draft_to_target_ids
 from .gguf import find_gguf, stage_reused
 from .precision import COMPUTES, compute_context, parse_device, resolve_compute, resolve_device
 

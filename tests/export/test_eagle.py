@@ -14,12 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specrt.errors import ConfigError, EagleHeadError
-from specrt.export.eagle import (
-    Eagle3Config,
-    Eagle3Head,
+from specrt.export.eagle import Eagle3Config, Eagle3Head, tap_layers
+from specrt.export.eagle_vocab import (
     draft_logits_to_target,
     draft_to_target_ids,
-    tap_layers,
     target_logits_to_draft,
     validate_vocab_map,
 )

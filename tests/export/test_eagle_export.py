@@ -28,7 +28,8 @@ from specrt.cli import main
 from specrt.errors import ConfigError, EagleHeadError, ParityError
 from specrt.export import eagle_export
 from specrt.export.bundle import ExportOptions, export_bundle
-from specrt.export.eagle import draft_logits_to_target, tap_layers
+from specrt.export.eagle import tap_layers
+from specrt.export.eagle_vocab import draft_logits_to_target
 from specrt.export.eagle_checkpoint import load_eagle3
 from specrt.export.quantize import (
     QuantizeOptions,
