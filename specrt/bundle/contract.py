@@ -23,7 +23,7 @@ Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, 
                                               for its last row only: the LM head over every prompt row
                                               was ~16 % of a SmolLM2 prefill. Old bundles lack it.
 
-An EAGLE-3 head (kind "eagle3") is one decoder layer with the same cache I/O (one layer) and two more
+An EAGLE-3 head (kind "eagle3") is one decoder layer (or a stack of them) with the same cache I/O and two more
 inputs; its logits are over the draft vocabulary (D_v ids, mapped to target ids by the bundle's vocab
 map) and its ``hidden`` is the layer's output before the final norm: the next draft step's features.
 

@@ -61,6 +61,9 @@ class ModelEntry:
     vocab_map: str | None = None
     # The graph takes contract.LOGITS_INDEX: the rows whose logits a pass computes. False: every row's.
     logits_index: bool = False
+    # An EAGLE-3 head: how it departs from the standard head (Eagle3Config.variants: speculators' and vLLM's tap
+    # norms, fed-back norm, window, q/k norms, stacked layers), for people reading the bundle; the graph has them.
+    variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -93,7 +96,7 @@ class ModelEntry:
                    weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"),
                    kind=d.get("kind", "decoder"), eagle_taps=tuple(d.get("eagle_taps", ())),
                    tap_width=int(d.get("tap_width", 0)), vocab_map=d.get("vocab_map"),
-                   logits_index=bool(d.get("logits_index", False)))
+                   logits_index=bool(d.get("logits_index", False)), variants=tuple(d.get("variants", ())))
 
 
 def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -326,7 +326,7 @@ def _head_entry(info, head, tmp: Path, dtype: str, graph: str) -> ModelEntry:
                       parity=parity, parity_tolerance=PARITY_TOLERANCE[dtype].to_json(),
                       graph=graph, kind="eagle3", eagle_taps=info.taps,
                       tap_width=info.tap_width, vocab_map=VOCAB_FILE, logits_index=True,
-                      **graph_cost(tmp / GRAPH_FILE).manifest_fields())
+                      variants=info.config.variants, **graph_cost(tmp / GRAPH_FILE).manifest_fields())
 
 
 def _max_context(requested: int | None, model_limit: int) -> int:

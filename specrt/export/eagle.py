@@ -4,8 +4,9 @@ layout is :mod:`specrt.export.eagle_checkpoint`).
 A head is one decoder layer that reads three of the target's hidden states (fused by ``fc``) next to
 the next token's embedding and predicts over a reduced draft vocabulary. The layout, the forward pass
 and the tap-layer convention, each with its public source, are in docs/design/eagle3.md; this module
-is written from that description. Only single-layer heads are accepted (``LlamaForCausalLMEagle3``, or the
-``speculators`` format with the variants its trainer uses): every variant it does not implement is refused
+is written from that description. Heads come in EAGLE's flat layout (``LlamaForCausalLMEagle3``, one
+layer) or the ``speculators`` format, with the variants its trainer uses, stacked layers included (standard
+decoder layers after the first, as vLLM runs them): every variant specrt does not implement is refused
 with an :class:`EagleHeadError`, never silently ignored.
 """
 
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, EagleHeadError
+from .eagle_layers import MidLayer, RMSNorm, StackedLayer, rotary_module
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # SafeAILab/SpecForge name it LlamaForCausalLMEagle3, vLLM Eagle3LlamaForCausalLM; EAGLE's own
@@ -92,10 +93,13 @@ class Eagle3Config:
     feed_normed: bool = False
     sliding_window: int | None = None  # the head attends keys less than this many positions back (speculators)
     qk_norm: bool = False  # a Qwen3-style layer: an RMSNorm over each query and key head before rope (speculators)
+    # decoder layers: the EAGLE-3 layer (midlayer), then num_layers - 1 standard ones reading its H-wide output
+    # (speculators' num_hidden_layers, weights layers.1.* ...); every layer shares the rope, mask and window
+    num_layers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                     "max_position_embeddings"):
+                     "max_position_embeddings", "num_layers"):
             _positive_int(name, getattr(self, name))
         fill = object.__setattr__  # frozen: defaults are filled once, here
         if self.draft_vocab_size is None:
@@ -157,7 +161,8 @@ class Eagle3Config:
         return tuple(name for name, on in ((f"tap_norm={self.tap_norm}", self.tap_norm != "none"),
                                            ("feed_normed", self.feed_normed),
                                            (f"sliding_window={self.sliding_window}", self.sliding_window),
-                                           ("qk_norm", self.qk_norm)) if on)
+                                           ("qk_norm", self.qk_norm),
+                                           (f"layers={self.num_layers}", self.num_layers > 1)) if on)
 
     @classmethod
     def from_json(cls, d: dict) -> Eagle3Config:
@@ -182,8 +187,8 @@ class Eagle3Config:
             if d.get(name) is None:
                 raise EagleHeadError(f"EAGLE-3 config has no {name}")
         if d.get("num_hidden_layers", 1) != 1:
-            raise EagleHeadError(f"EAGLE-3 config: num_hidden_layers is {d['num_hidden_layers']}; only "
-                                 "single-layer heads (midlayer) are supported")
+            raise EagleHeadError(f"EAGLE-3 config: num_hidden_layers is {d['num_hidden_layers']}; the flat layout "
+                                 "holds one layer (midlayer): specrt reads stacked heads in the speculators format")
         if d.get("hidden_act", "silu") != "silu":
             raise EagleHeadError(f"EAGLE-3 config: hidden_act {d['hidden_act']!r} is not supported (silu only)")
         # variants that change the weights or the forward: refused, not ignored
@@ -294,89 +299,7 @@ def _taps(d: dict, eagle_config: dict) -> tuple[int, ...] | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The reference module. Parameter names are the published checkpoint's keys.
-
-
-class _RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # statistics in fp32, as HF Llama does, then back to the input dtype
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-class _MLP(nn.Module):
-    def __init__(self, hidden: int, inner: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF Llama's rope on [B, T, heads, d] (rotate-half pairing: i with i + d/2)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
-
-
-class _Attention(nn.Module):
-    """q, k, v read the 2H-wide [embedding ‖ features] input; the output is H wide."""
-
-    def __init__(self, cfg: Eagle3Config) -> None:
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
-        if cfg.qk_norm:  # Qwen3's attention: each head of q and k normalised, then rotated
-            self.q_norm, self.k_norm = _RMSNorm(d, cfg.rms_norm_eps), _RMSNorm(d, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
-
-    def forward(self, x, cos, sin, mask, past_key, past_value):
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        keys = k if past_key is None else torch.cat([past_key, k], dim=1)
-        values = v if past_value is None else torch.cat([past_value, v], dim=1)
-        group = self.heads // self.kv_heads  # query head i reads KV head i // group (HF repeat_kv)
-        keys, values = keys.repeat_interleave(group, dim=2), values.repeat_interleave(group, dim=2)
-        scores = torch.einsum("bqhd,bshd->bhqs", q, keys) / math.sqrt(self.head_dim) + mask
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = torch.einsum("bhqs,bshd->bqhd", probs, values).reshape(b, t, self.heads * self.head_dim)
-        return self.o_proj(out), k, v
-
-
-class _MidLayer(nn.Module):
-    def __init__(self, cfg: Eagle3Config) -> None:
-        super().__init__()
-        self.norm_before_residual = cfg.norm_before_residual
-        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # for the token embedding
-        self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # for the fused features
-        self.self_attn = _Attention(cfg)
-        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, embeds, features, cos, sin, mask, past_key, past_value):
-        normed = self.hidden_norm(features)
-        # the residual is the H-wide features, not the 2H concat the attention reads
-        residual = normed if self.norm_before_residual else features
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # embedding first
-        attn, k, v = self.self_attn(x, cos, sin, mask, past_key, past_value)
-        h = residual + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+# The reference module (its layers: eagle_layers.py). Parameter names are the published checkpoint's keys.
 
 
 class Eagle3Output(NamedTuple):
@@ -384,21 +307,7 @@ class Eagle3Output(NamedTuple):
     hidden: torch.Tensor  # [B, T, H], the next step's features: before the final norm (after: feed_normed)
     key: torch.Tensor  # [B, T, kv_heads, head_dim], only the T new positions (rope applied)
     value: torch.Tensor  # [B, T, kv_heads, head_dim]
-
-
-def _rotary(cfg: Eagle3Config) -> nn.Module:
-    """transformers' own Llama rotary module, built from the head's dimensions and rope (a static scaling
-    included: its cos/sin carry yarn's attention factor, as vLLM's and speculators' do)."""
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    llama = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                        intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size, num_hidden_layers=1,
-                        rope_theta=float(cfg.rope_theta),
-                        rope_scaling=None if cfg.rope_scaling is None else dict(cfg.rope_scaling),
-                        max_position_embeddings=cfg.max_position_embeddings)
-    return LlamaRotaryEmbedding(config=llama)
+    rest: tuple = ()  # a stacked head's later layers: ((key, value), ...) as key and value
 
 
 class Eagle3Head(nn.Module):
@@ -416,16 +325,18 @@ class Eagle3Head(nn.Module):
         self.cfg = cfg
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         if cfg.tap_norm == "joint":  # speculators' names: input_norm over the concat, fc_norm.i per tap
-            self.input_norm = _RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
+            self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
         elif cfg.tap_norm == "each":
-            self.fc_norm = nn.ModuleList(_RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
-        self.midlayer = _MidLayer(cfg)
-        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
+        self.midlayer = MidLayer(cfg)
+        # keyed "1", "2", ...: the checkpoint names them layers.1.*, as speculators does (layers.0 is the midlayer)
+        self.layers = nn.ModuleDict({str(i): StackedLayer(cfg) for i in range(1, cfg.num_layers)})
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
         # Not registered as a submodule: it has no weights in the checkpoint, and .half() would round
         # its fp32 inverse frequencies (it moves them to the input's device itself).
-        object.__setattr__(self, "rotary", _rotary(cfg))
+        object.__setattr__(self, "rotary", rotary_module(cfg))
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """``fc`` over the taps [B, T, 3*H_t] (normalised first where the head's ``tap_norm`` says so)."""
@@ -443,14 +354,18 @@ class Eagle3Head(nn.Module):
             return torch.cat([apply(norm, t) for norm, t in zip(self.fc_norm, taps.chunk(3, dim=-1))], dim=-1)
         return taps
 
-    def forward(self, taps, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
+    def forward(self, taps, embeds, position_ids, attention_mask, past_key=None, past_value=None,
+                past_rest=()) -> Eagle3Output:
         """The first step after a target pass: fuse the taps with ``fc``, then run ``step``."""
-        return self.step(self.fuse(taps), embeds, position_ids, attention_mask, past_key, past_value)
+        return self.step(self.fuse(taps), embeds, position_ids, attention_mask, past_key, past_value, past_rest)
 
-    def step(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None) -> Eagle3Output:
-        """One step from H-wide features: ``fc(taps)``, or a deeper step's previous ``hidden``."""
-        hidden, k, v = self.layer(features, embeds, position_ids, attention_mask, past_key, past_value)
-        return Eagle3Output(self.logits(hidden), hidden, k, v)
+    def step(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None,
+             past_rest=()) -> Eagle3Output:
+        """One step from H-wide features: ``fc(taps)``, or a deeper step's previous ``hidden``. ``past_rest``:
+        a stacked head's later layers' past ((key, value), ...), as ``Eagle3Output.rest`` gives them."""
+        hidden, k, v, rest = self._layers(features, embeds, position_ids, attention_mask, past_key, past_value,
+                                          past_rest)
+        return Eagle3Output(self.logits(hidden), hidden, k, v, rest)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., D] of ``hidden`` [..., H], a step's fed-back output (before the final
@@ -460,7 +375,16 @@ class Eagle3Head(nn.Module):
     def layer(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``step`` without the LM head: (hidden [B, T, H], key, value). Training applies :meth:`logits` to
-        the rows it scores only, which at a 16k-id draft vocabulary is most of a step's arithmetic."""
+        the rows it scores only, which at a 16k-id draft vocabulary is most of a step's arithmetic. Training
+        runs single-layer heads only."""
+        if self.cfg.num_layers != 1:
+            raise ConfigError(f"this head has {self.cfg.num_layers} stacked layers; specrt trains single-layer "
+                              "heads only")
+        hidden, k, v, _rest = self._layers(features, embeds, position_ids, attention_mask, past_key, past_value)
+        return hidden, k, v
+
+    def _layers(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None, past_rest=()
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
         h = self.cfg.hidden_size
         if features.shape[-1] != h or embeds.shape[-1] != h or features.shape[:2] != embeds.shape[:2]:
             raise ConfigError(f"EAGLE-3 step: features {tuple(features.shape)} and embeds {tuple(embeds.shape)} "
@@ -479,6 +403,15 @@ class Eagle3Head(nn.Module):
             near = window_mask(torch.ones_like(attention_mask, dtype=torch.bool), position_ids, past,
                                self.cfg.sliding_window)
             attention_mask = attention_mask.masked_fill(~near, torch.finfo(attention_mask.dtype).min)
+        if len(past_rest) not in (0, len(self.layers)):
+            raise ConfigError(f"EAGLE-3 step: past for {len(past_rest)} stacked layers, the head has "
+                              f"{len(self.layers)}")
         cos, sin = self.rotary(features, position_ids)
-        h, k, v = self.midlayer(embeds, features, cos, sin, attention_mask.to(features.dtype), past_key, past_value)
-        return (self.norm(h) if self.cfg.feed_normed else h), k, v
+        mask = attention_mask.to(features.dtype)
+        h, k, v = self.midlayer(embeds, features, cos, sin, mask, past_key, past_value)
+        rest = []
+        for i, layer in enumerate(self.layers.values()):
+            past_k, past_v = past_rest[i] if past_rest else (None, None)
+            h, k_i, v_i = layer(h, cos, sin, mask, past_k, past_v)
+            rest.append((k_i, v_i))
+        return (self.norm(h) if self.cfg.feed_normed else h), k, v, tuple(rest)

@@ -22,21 +22,27 @@ WEIGHTS_NAME = "model.safetensors"
 BIN_NAME = "pytorch_model.bin"
 
 
-def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+def _layer_shapes(cfg: Eagle3Config, prefix: str, width: int) -> dict[str, tuple[int, ...]]:
+    """A decoder layer's weights: the midlayer's q, k, v read ``width`` 2H, a stacked layer's H."""
     h, d = cfg.hidden_size, cfg.head_dim
-    attn = {"q_proj": (cfg.num_attention_heads * d, 2 * h), "k_proj": (cfg.num_key_value_heads * d, 2 * h),
-            "v_proj": (cfg.num_key_value_heads * d, 2 * h), "o_proj": (h, cfg.num_attention_heads * d)}
+    attn = {"q_proj": (cfg.num_attention_heads * d, width), "k_proj": (cfg.num_key_value_heads * d, width),
+            "v_proj": (cfg.num_key_value_heads * d, width), "o_proj": (h, cfg.num_attention_heads * d)}
     if cfg.qk_norm:
         attn.update(q_norm=(d,), k_norm=(d,))
     mlp = {"gate_proj": (cfg.intermediate_size, h), "up_proj": (cfg.intermediate_size, h),
            "down_proj": (h, cfg.intermediate_size)}
+    return {f"{prefix}.input_layernorm.weight": (h,), f"{prefix}.post_attention_layernorm.weight": (h,),
+            **{f"{prefix}.self_attn.{n}.weight": s for n, s in attn.items()},
+            **{f"{prefix}.mlp.{n}.weight": s for n, s in mlp.items()}}
+
+
+def _expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    h = cfg.hidden_size
     tap_norms = ({"input_norm.weight": (3 * cfg.target_hidden_size,)} if cfg.tap_norm == "joint" else
                  {f"fc_norm.{i}.weight": (cfg.target_hidden_size,) for i in range(3)} if cfg.tap_norm == "each" else {})
+    stacked = {k: v for i in range(1, cfg.num_layers) for k, v in _layer_shapes(cfg, f"layers.{i}", h).items()}
     return {"fc.weight": (h, 3 * cfg.target_hidden_size), **tap_norms,
-            "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
-            **{f"midlayer.self_attn.{n}.weight": s for n, s in attn.items()},
-            "midlayer.post_attention_layernorm.weight": (h,),
-            **{f"midlayer.mlp.{n}.weight": s for n, s in mlp.items()},
+            "midlayer.hidden_norm.weight": (h,), **_layer_shapes(cfg, "midlayer", 2 * h), **stacked,
             "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h)}
 
 
@@ -170,7 +176,7 @@ def load_eagle3(path: str | os.PathLike, target_config: Any = None, *, dtype: to
     state = _read_weights(folder)
     if is_speculators(raw):
         cfg = Eagle3Config.from_json(raw)  # the config first: its refusals name the variant, not a weight
-        state = rename_weights(state, str(folder))
+        state = rename_weights(state)
         _check_layout(state, raw.get("transformer_layer_config", {}), str(folder))
     else:
         _check_layout(state, raw, str(folder))

@@ -96,9 +96,9 @@ def _rotary_tables(head: Eagle3Head, positions: int, dtype: torch.dtype) -> tupl
 
 
 class HeadWrapper(nn.Module):
-    """The exported head graph: contract inputs (ids, positions, bool mask, taps, features, past K/V) in,
-    draft-vocabulary logits (fp32), pre-norm hidden and the new K/V out. ``head`` is used as given (cast
-    and permute a copy first: :func:`export_copy`)."""
+    """The exported head graph: contract inputs (ids, positions, bool mask, taps, features, past K/V of each
+    layer) in, draft-vocabulary logits (fp32), pre-norm hidden and each layer's new K/V out. ``head`` is used as
+    given (cast and permute a copy first: :func:`export_copy`)."""
 
     def __init__(self, head: Eagle3Head, embedding: torch.Tensor | None, *, fused: bool, positions: int) -> None:
         super().__init__()
@@ -116,12 +116,15 @@ class HeadWrapper(nn.Module):
         cos, sin = _rotary_tables(head, positions, dtype)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        if fused:
-            attn, mlp = head.midlayer.self_attn, head.midlayer.mlp
-            self.qkv = nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-                                    requires_grad=False)
-            self.gate_up = nn.Parameter(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-                                        requires_grad=False)
+        self.decoder_layers = [head.midlayer, *head.layers.values()]  # not submodules: head holds them
+        if fused:  # packed projections per layer, as the fused target graphs have them
+            def packed(*weights: torch.Tensor) -> nn.Parameter:
+                return nn.Parameter(torch.cat(weights).detach(), requires_grad=False)
+
+            self.qkv = nn.ParameterList(packed(x.self_attn.q_proj.weight, x.self_attn.k_proj.weight,
+                                               x.self_attn.v_proj.weight) for x in self.decoder_layers)
+            self.gate_up = nn.ParameterList(packed(x.mlp.gate_proj.weight, x.mlp.up_proj.weight)
+                                            for x in self.decoder_layers)
         self.eval()
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -134,17 +137,17 @@ class HeadWrapper(nn.Module):
             return self.head.embed_tokens(input_ids)
         return nn.functional.embedding(input_ids, self.embedding)
 
-    def _attention(self, x, position_ids, mask, past_k, past_v):
+    def _attention(self, i: int, x, position_ids, mask, past_k, past_v):
         from .architectures import _rotate_half, additive_mask, attend
 
-        attn, cfg = self.head.midlayer.self_attn, self.cfg
+        attn, cfg = self.decoder_layers[i].self_attn, self.cfg
         b, q_len, _ = x.shape
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         scale = 1.0 / math.sqrt(d)
         if self.fused:
             from .fused_ops import attention, rotary
 
-            q, k, v = nn.functional.linear(x, self.qkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+            q, k, v = nn.functional.linear(x, self.qkv[i]).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
             if cfg.qk_norm:  # per head, before rotary, as the target graphs do for Qwen3
                 q = self._norm(attn.q_norm, q.view(b, q_len, heads, d)).reshape(b, q_len, heads * d)
                 k = self._norm(attn.k_norm, k.view(b, q_len, kv_heads, d)).reshape(b, q_len, kv_heads * d)
@@ -165,11 +168,11 @@ class HeadWrapper(nn.Module):
         out = attend(q, k, v, past_k, past_v, additive_mask(mask), scale)
         return attn.o_proj(out), k, v
 
-    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        mlp = self.head.midlayer.mlp
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.decoder_layers[i].mlp
         if not self.fused:
             return mlp(x)
-        gate, up = nn.functional.linear(x, self.gate_up).chunk(2, dim=-1)
+        gate, up = nn.functional.linear(x, self.gate_up[i]).chunk(2, dim=-1)
         return mlp.down_proj(nn.functional.silu(gate) * up)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -184,14 +187,22 @@ class HeadWrapper(nn.Module):
             from .architectures import window_mask
 
             attention_mask = window_mask(attention_mask, position_ids, past[0].shape[1], self.cfg.sliding_window)
-        out, k, v = self._attention(x, position_ids, attention_mask, past[0], past[1])
+        out, k, v = self._attention(0, x, position_ids, attention_mask, past[0], past[1])
         h = residual + out
-        h = h + self._mlp(self._norm(mid.post_attention_layernorm, h))
+        h = h + self._mlp(0, self._norm(mid.post_attention_layernorm, h))
+        present = [k, v]
+        for i in range(1, len(self.decoder_layers)):  # a stacked head's standard layers on the H-wide stream
+            layer = self.decoder_layers[i]
+            out, k, v = self._attention(i, self._norm(layer.input_layernorm, h), position_ids, attention_mask,
+                                        past[2 * i], past[2 * i + 1])
+            h = h + out
+            h = h + self._mlp(i, self._norm(layer.post_attention_layernorm, h))
+            present += [k, v]
         if self.cfg.feed_normed:  # the next step reads the final norm's output (speculators' norm_output)
             h = self._norm(head.norm, h)
         rows = h if logits_index is None else h.index_select(1, logits_index)  # a catch-up reads its last row
         logits = head.lm_head(rows if self.cfg.feed_normed else self._norm(head.norm, rows)).float()
-        return logits, h, k, v
+        return logits, h, *present
 
 
 def export_copy(head: Eagle3Head, dtype: torch.dtype, order: torch.Tensor | None = None) -> Eagle3Head:
@@ -214,7 +225,8 @@ def _trace_inputs(cfg: Eagle3Config, tap_width: int, dtype: torch.dtype) -> tupl
     mask = torch.ones(1, 1, q, p + q, dtype=torch.bool).tril(p)
     taps = torch.zeros(1, q, tap_width, dtype=dtype)
     features = torch.zeros(1, q, cfg.hidden_size, dtype=dtype)
-    past = tuple(torch.zeros(1, p, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype) for _ in range(2))
+    past = tuple(torch.zeros(1, p, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+                 for _ in range(2 * cfg.num_layers))
     return ids, pos, mask, taps, features, past, _trace_index()
 
 
@@ -232,8 +244,9 @@ def export_eagle_head(head: Eagle3Head, embedding: torch.Tensor | None, path: Pa
     torch_dtype = getattr(torch, dtype)
     cfg = head.cfg
     tap_width = len(taps) * cfg.target_hidden_size
-    dims = C.ModelDims(num_layers=1, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                       head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, vocab_size=cfg.draft_vocab_size)
+    dims = C.ModelDims(num_layers=cfg.num_layers, num_heads=cfg.num_attention_heads,
+                       num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, hidden_size=cfg.hidden_size,
+                       vocab_size=cfg.draft_vocab_size)
     wrapper = HeadWrapper(export_copy(head, torch_dtype, order), embedding, fused=fused, positions=positions)
     ins, outs = C.decoder_io(dims, dtype, "eagle3", tap_width, logits_index=True)
     trace_module(wrapper, _trace_inputs(cfg, tap_width, torch_dtype), ins, outs, path, opset, exporter, fused)
@@ -298,7 +311,7 @@ def reference_head(head: Eagle3Head, embedding: torch.Tensor | None, cases: Head
     for case, ids, pos, mask, taps, rows, cached in _case_calls(cases):
         e = table[torch.as_tensor(ids)][None]
         args = (torch.tensor(pos)[None], torch.tensor(np.array(mask)))
-        past = (pre.key, pre.value) if cached else (None, None)
+        past = (pre.key, pre.value, pre.rest) if cached else (None, None, ())
         if taps is not None:
             r = head.forward(torch.as_tensor(taps)[None], e, *args, *past)
         else:
@@ -324,7 +337,8 @@ def onnx_head(path: Path, dims: C.ModelDims, dtype: str, tap_width: int, cases: 
                                 else np.zeros((1, q, tap_width), np_dtype)),
                  C.EAGLE_FEATURES: (pre[C.HIDDEN][:, rows] if rows is not None
                                     else np.zeros((1, q, dims.hidden_size), np_dtype))}
-        past = [pre[C.new_key(0)], pre[C.new_value(0)]] if cached else graph.empty_past()
+        past = ([t for i in range(dims.num_layers) for t in (pre[C.new_key(i)], pre[C.new_value(i)])] if cached
+                else graph.empty_past())
         r = graph.run(ids, pos, mask, past, extra)
         if case == "prefill":
             pre = r

@@ -7,13 +7,13 @@ transformers itself), keeps the EAGLE-3 fields at the top level and names the la
 EAGLE's layout says ``midlayer.*``. Its variants map onto the config: ``norm_before_residual`` as is,
 ``norm_before_fc`` → ``tap_norm="joint"`` (weight ``input_norm``), ``fc_norm`` → ``tap_norm="each"``
 (``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``, a Qwen3 layer →
-``qk_norm``. What specrt does not implement (stacked layers, other than three taps, biases) is refused in one
-line. Sources and line references: docs/design/eagle3.md, "The speculators format".
+``qk_norm``, ``num_hidden_layers`` > 1 → ``num_layers`` (stacked standard layers ``layers.1.*`` ..., kept under
+those names). What specrt does not implement (layers that slide apart, other than three taps, biases) is
+refused in one line. Sources and line references: docs/design/eagle3.md, "The speculators format".
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -61,6 +61,9 @@ def _layer_config(raw: dict) -> dict:
     if any(t not in ("full_attention", "sliding_attention") for t in types):
         raise EagleHeadError(f"speculators EAGLE-3 config: layer_types {types} name an attention specrt does not run")
     # speculators' trainer slides every layer unless told otherwise (window 2048); layer_types says which
+    if len(set(types[:full["num_hidden_layers"]])) > 1:
+        raise EagleHeadError(f"speculators EAGLE-3 config: layer_types {types} slide some layers and not others; "
+                             "specrt runs stacked layers that all slide or none")
     sliding = types[0] == "sliding_attention" if types else bool(full.get("use_sliding_window"))
     full["window"] = full.get("sliding_window") if sliding else None
     if sliding and (isinstance(full["window"], bool) or not isinstance(full["window"], int) or full["window"] < 1):
@@ -89,9 +92,6 @@ def config_fields(raw: dict) -> dict:
         raise EagleHeadError(f"speculators EAGLE-3 config: eagle_aux_hidden_state_layer_ids is {taps!r}; specrt's "
                              "heads fuse exactly three target layers")
     layer = _layer_config(raw)
-    if layer["num_hidden_layers"] != 1:
-        raise EagleHeadError(f"speculators EAGLE-3 config: {layer['num_hidden_layers']} decoder layers; only "
-                             "single-layer heads are supported")
     if layer["hidden_act"] != "silu":
         raise EagleHeadError(f"speculators EAGLE-3 config: hidden_act {layer['hidden_act']!r} is not supported "
                              "(silu only)")
@@ -107,15 +107,13 @@ def config_fields(raw: dict) -> dict:
             "norm_before_residual": top["norm_before_residual"],
             "taps": None if taps is None else tuple(taps),  # the entering-layer convention, as vLLM's
             "tap_norm": "joint" if top["norm_before_fc"] else "each" if top["fc_norm"] else "none",
-            "feed_normed": top["norm_output"], "sliding_window": layer["window"], "qk_norm": layer["qk_norm"]}
+            "feed_normed": top["norm_output"], "sliding_window": layer["window"], "qk_norm": layer["qk_norm"],
+            "num_layers": layer["num_hidden_layers"]}
 
 
-def rename_weights(state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
-    """speculators' weight names → the published EAGLE-3 layout's (``layers.0.`` → ``midlayer.``), the
-    training-only copies of the target's norm and LM head dropped."""
-    deeper = sorted(k for k in state if re.match(r"layers\.[1-9]\d*\.", k))
-    if deeper:
-        raise EagleHeadError(f"{where} holds a second decoder layer ({deeper[0]}); only single-layer heads are "
-                             "supported")
+def rename_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """speculators' weight names → the published EAGLE-3 layout's (``layers.0.`` → ``midlayer.``; a stacked
+    head's ``layers.1.*`` ... stay, as :class:`~specrt.export.eagle.Eagle3Head` names them), the training-only
+    copies of the target's norm and LM head dropped."""
     return {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
             for k, v in state.items() if k not in TRAINING_ONLY}

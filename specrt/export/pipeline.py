@@ -106,8 +106,8 @@ def describe(manifest: Manifest) -> str:
     lines = []
     for role, e in manifest.models.items():
         if e.kind == "eagle3":
-            what = (f"EAGLE-3 head ({e.graph} graph) reading target layers {', '.join(map(str, e.eagle_taps))}, "
-                    f"{e.dims.vocab_size} draft ids")
+            what = (f"EAGLE-3 head ({e.graph} graph{''.join(', ' + v for v in e.variants)}) reading target layers "
+                    f"{', '.join(map(str, e.eagle_taps))}, {e.dims.vocab_size} draft ids")
         else:
             what = f"{e.architecture} ({e.graph} graph), {e.dims.num_layers} layers"
             if e.eagle_taps:

@@ -432,7 +432,7 @@ BAD_CONFIGS = {
     "eagle-1/2 architecture": ({"architectures": ["EagleLlamaForCausalLM"]}, "EAGLE-1/2 head"),
     "other architecture": ({"architectures": ["Qwen3ForCausalLMEagle3"]}, "not an EAGLE-3 Llama head"),
     "draft vocab > vocab": ({"draft_vocab_size": V + 1}, "larger than vocab_size"),
-    "two layers": ({"num_hidden_layers": 2}, "single-layer"),
+    "two layers": ({"num_hidden_layers": 2}, "the flat layout holds one layer"),
     "dynamic rope": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
     "two ropes": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0},
                    "rope_parameters": {"rope_type": "linear", "factor": 4.0}}, "disagree"),
