@@ -11,7 +11,9 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from support.eagle_heads import (D, HEADS, INNER, KV, H, V, config_json, published_state, random_head, vocab_map,
+                                 write_published)
 
 from specrt.errors import ConfigError, EagleHeadError
 from specrt.export.eagle import Eagle3Config, Eagle3Head, tap_layers
@@ -23,8 +25,6 @@ from specrt.export.eagle_vocab import (
 )
 from specrt.export.eagle_checkpoint import check_target, load_eagle3, save_eagle3
 
-H, HEADS, KV, INNER, V, D = 48, 4, 2, 96, 200, 64
-
 # the published Llama-3.1-8B head's config (SpecForge configs/llama3-8B-eagle3.json)
 LLAMA31_8B = {"architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 128000, "eos_token_id": 128001,
               "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
@@ -32,46 +32,6 @@ LLAMA31_8B = {"architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 12800
               "num_key_value_heads": 8, "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-05,
               "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.28.1",
               "use_cache": True, "vocab_size": 128256, "draft_vocab_size": 32000}
-
-
-def config_json(**overrides) -> dict:
-    d = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
-         "hidden_size": H, "intermediate_size": INNER, "num_attention_heads": HEADS, "num_key_value_heads": KV,
-         "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
-         "vocab_size": V, "draft_vocab_size": D}
-    d.update(overrides)
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def vocab_map(vocab: int = V, draft: int = D, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """EAGLE's construction (traineagle3/cnets.py): the used target ids sorted, d2t = used[i] - i."""
-    g = torch.Generator().manual_seed(seed)
-    used = torch.randperm(vocab, generator=g)[:draft].sort().values
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[used] = True
-    return used - torch.arange(draft), t2d
-
-
-def random_head(cfg: Eagle3Config, seed: int = 0, **kw) -> Eagle3Head:
-    torch.manual_seed(seed)
-    head = Eagle3Head(cfg, **kw)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if name.endswith("norm.weight"):  # non-trivial norm weights, so a swapped norm shows
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    return head.eval()
-
-
-def write_published(folder, config: dict, state: dict) -> None:
-    """Write a head folder directly (not through save_eagle3), as a published checkpoint is laid out."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-
-
-def published_state(cfg: Eagle3Config, seed: int = 0) -> dict:
-    d2t, t2d = vocab_map(cfg.vocab_size, cfg.draft_vocab_size, seed)
-    return {**random_head(cfg, seed).state_dict(), "d2t": d2t, "t2d": t2d}
 
 
 def causal(b: int, t: int, past: int = 0) -> torch.Tensor:

@@ -7,12 +7,27 @@ from __future__ import annotations
 import pytest
 import torch
 from support.models import make_tokenizer, save_model
-from support.speculators import (GPT_OSS, HEADS, INNER, KV, D, H, V, random_head, speculators_config, vocab_map,
-                                 write_speculators)
+from support.eagle_heads import HEADS, INNER, KV, D, H, V, random_head, speculators_config, vocab_map, write_speculators
 
 from specrt.errors import ConfigError, EagleHeadError
 from specrt.export.eagle import Eagle3Config, Eagle3Head
 from specrt.export.eagle_checkpoint import load_eagle3, save_eagle3
+
+# RedHatAI/gpt-oss-20b-speculator.eagle3's config, as the format writes it (the layer config is a diff
+# against LlamaConfig's defaults; the top level holds every field)
+GPT_OSS = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "draft_vocab_size": 64000,
+           "norm_before_fc": True, "norm_before_residual": True, "fc_norm": False, "norm_output": False,
+           "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": None,
+           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                  "verifier": {"architectures": ["GptOssForCausalLM"],
+                                               "name_or_path": "openai/gpt-oss-20b"}},
+           "transformer_layer_config": {"model_type": "llama", "hidden_size": 2880, "num_hidden_layers": 1,
+                                        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                                        "intermediate_size": 2880, "vocab_size": 201088, "rms_norm_eps": 1e-5,
+                                        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0,
+                                                            "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                            "original_max_position_embeddings": 4096}}}
 
 def _inputs(cfg: Eagle3Config, t: int = 5, seed: int = 1):
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support.models import make_tokenizer, save_model
-from support.speculators import H, HEADS, V, random_head, speculators_config, vocab_map, write_speculators
+from support.eagle_heads import H, HEADS, V, random_head, speculators_config, vocab_map, write_speculators
 
 from specrt.errors import ConfigError, EagleHeadError
 from specrt.export.eagle import Eagle3Config, Eagle3Head

@@ -1,5 +1,7 @@
-"""EAGLE-3 heads written as the ``speculators`` format writes them (vllm-project/speculators, the RedHatAI heads):
-tiny random configs and weights under its names, for the tests of the format and of stacked heads."""
+"""Tiny random EAGLE-3 heads written as published heads are laid out: EAGLE's flat layout (config.json +
+model.safetensors with fc / midlayer.* / norm / lm_head / d2t / t2d) and the ``speculators`` format
+(vllm-project/speculators, the RedHatAI heads: the layer's config nested, weights layers.N.*); see
+docs/design/eagle3.md."""
 
 from __future__ import annotations
 
@@ -11,23 +13,6 @@ from safetensors.torch import save_file
 from specrt.export.eagle import Eagle3Config, Eagle3Head
 
 H, HEADS, KV, INNER, V, D = 48, 4, 2, 96, 200, 64
-
-# RedHatAI/gpt-oss-20b-speculator.eagle3's config, as the format writes it (the layer config is a diff
-# against LlamaConfig's defaults; the top level holds every field)
-GPT_OSS = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "draft_vocab_size": 64000,
-           "norm_before_fc": True, "norm_before_residual": True, "fc_norm": False, "norm_output": False,
-           "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": None,
-           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                  "verifier": {"architectures": ["GptOssForCausalLM"],
-                                               "name_or_path": "openai/gpt-oss-20b"}},
-           "transformer_layer_config": {"model_type": "llama", "hidden_size": 2880, "num_hidden_layers": 1,
-                                        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
-                                        "intermediate_size": 2880, "vocab_size": 201088, "rms_norm_eps": 1e-5,
-                                        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0,
-                                                            "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                                            "original_max_position_embeddings": 4096}}}
-
 
 def speculators_config(*, taps=(1, 2, 4), vocab: int = V, draft: int = D, hidden: int = H, **top) -> dict:
     """A tiny head's config.json in the speculators layout; ``top`` overrides top-level fields."""
@@ -45,9 +30,9 @@ def speculators_config(*, taps=(1, 2, 4), vocab: int = V, draft: int = D, hidden
     return d
 
 
-def random_head(cfg: Eagle3Config, seed: int = 0) -> Eagle3Head:
+def random_head(cfg: Eagle3Config, seed: int = 0, **kw) -> Eagle3Head:
     torch.manual_seed(seed)
-    head = Eagle3Head(cfg)
+    head = Eagle3Head(cfg, **kw)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if "norm" in name:  # non-trivial norm weights, so a norm applied in the wrong place shows
@@ -56,6 +41,7 @@ def random_head(cfg: Eagle3Config, seed: int = 0) -> Eagle3Head:
 
 
 def vocab_map(vocab: int = V, draft: int = D, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE's construction (traineagle3/cnets.py): the used target ids sorted, d2t = used[i] - i."""
     used = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft].sort().values
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[used] = True
@@ -83,3 +69,25 @@ def write_speculators(folder, config: dict, head: Eagle3Head, *, extra: dict | N
         weight_map.update({k: part for k in names[i::shards]})
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     return folder
+
+
+def config_json(**overrides) -> dict:
+    """A tiny head's flat config.json; ``None`` overrides drop a key."""
+    d = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+         "hidden_size": H, "intermediate_size": INNER, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+         "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+         "vocab_size": V, "draft_vocab_size": D}
+    d.update(overrides)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def write_published(folder, config: dict, state: dict) -> None:
+    """Write a head folder directly (not through save_eagle3), as a published checkpoint is laid out."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+
+
+def published_state(cfg: Eagle3Config, seed: int = 0) -> dict:
+    d2t, t2d = vocab_map(cfg.vocab_size, cfg.draft_vocab_size, seed)
+    return {**random_head(cfg, seed).state_dict(), "d2t": d2t, "t2d": t2d}
