@@ -87,8 +87,8 @@ def call(wrapper, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past
     from .eagle_export import HeadWrapper
 
     if isinstance(wrapper, HeadWrapper):
-        logits, hidden, k, v = wrapper(ids, pos, mask, extra[C.EAGLE_TAPS], extra[C.EAGLE_FEATURES], past)
-        return logits, hidden, None, (k, v)
+        logits, hidden, *new = wrapper(ids, pos, mask, extra[C.EAGLE_TAPS], extra[C.EAGLE_FEATURES], past)
+        return logits, hidden, None, tuple(new)  # each layer's K and V: a stacked head has several
     logits, hidden, *rest = wrapper(ids, pos, mask, past)
     if wrapper.taps:
         return logits, hidden, rest[0], tuple(rest[1:])

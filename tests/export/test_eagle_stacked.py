@@ -206,3 +206,17 @@ def test_zeroed_later_layers_draft_what_the_first_layer_drafts(tmp_path):
         stats[layers] = [(r.token_ids, r.stats.drafted, r.stats.accepted) for r in
                          (gen.generate(p, max_new_tokens=16, method="eagle", gamma=2) for p in PROMPTS[:2])]
     assert stats[1] == stats[2] and sum(s[1] for s in stats[2]) > 0
+
+
+def test_a_stacked_head_on_the_torch_backend_gives_onnxruntimes_tokens(stacked_bundle):
+    """The torch backend (what GPUs without TensorRT run, CUDA graphs included) builds the head from its
+    checkpoint and feeds every layer's cache: greedy and sampled, ONNX Runtime's tokens."""
+    import specrt
+
+    _, _, bundle = stacked_bundle
+    reference, torch_gen = specrt.load(bundle, threads=1), specrt.load(bundle, backend="torch", threads=1)
+    for kwargs in (dict(method="eagle", gamma=3), dict(method="eagle-tree", eagle_tree="2,3,5"),
+                   dict(method="eagle", gamma=2, temperature=0.8, top_k=20, seed=1)):
+        want = reference.generate("def fib(n):", max_new_tokens=16, **kwargs).token_ids
+        assert torch_gen.generate("def fib(n):", max_new_tokens=16, **kwargs).token_ids == want, kwargs
+    assert torch_gen.decoders["eagle"].new_cache(8).num_layers == 3
