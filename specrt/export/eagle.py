@@ -372,16 +372,15 @@ class Eagle3Head(nn.Module):
         norm; after it for a ``feed_normed`` head)."""
         return self.lm_head(hidden if self.cfg.feed_normed else self.norm(hidden))
 
-    def layer(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``step`` without the LM head: (hidden [B, T, H], key, value). Training applies :meth:`logits` to
-        the rows it scores only, which at a 16k-id draft vocabulary is most of a step's arithmetic. Training
-        runs single-layer heads only."""
-        if self.cfg.num_layers != 1:
-            raise ConfigError(f"this head has {self.cfg.num_layers} stacked layers; specrt trains single-layer "
-                              "heads only")
-        hidden, k, v, _rest = self._layers(features, embeds, position_ids, attention_mask, past_key, past_value)
-        return hidden, k, v
+    def layer(self, features, embeds, position_ids, attention_mask, past: tuple = ()) -> tuple[torch.Tensor, tuple]:
+        """``step`` without the LM head: (hidden [B, T, H], ((key, value) of each layer, first to last)); ``past``
+        the same per layer, or () for none. Training applies :meth:`logits` to the rows it scores only, which at
+        a 16k-id draft vocabulary is most of a step's arithmetic."""
+        if past and len(past) != self.cfg.num_layers:
+            raise ConfigError(f"EAGLE-3 layer: past for {len(past)} layers, the head has {self.cfg.num_layers}")
+        first = past[0] if past else (None, None)
+        hidden, k, v, rest = self._layers(features, embeds, position_ids, attention_mask, *first, past[1:])
+        return hidden, ((k, v), *rest)
 
     def _layers(self, features, embeds, position_ids, attention_mask, past_key=None, past_value=None, past_rest=()
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import EagleHeadError
 from .eagle import DTYPES, Eagle3Config, Eagle3Head
-from .eagle_speculators import is_speculators, rename_weights
+from .eagle_speculators import is_speculators, rename_weights, to_config, to_speculators_names
 from .eagle_vocab import validate_vocab_map
 
 CONFIG_NAME = "config.json"
@@ -210,11 +210,23 @@ def load_eagle3(path: str | os.PathLike, target_config: Any = None, *, dtype: to
     return cfg, head.eval(), d2t, t2d
 
 
+def flat_layout(cfg: Eagle3Config) -> bool:
+    """Whether EAGLE's flat layout can describe ``cfg`` (a tap norm it can; the other variants it cannot)."""
+    return not [v for v in cfg.variants if not v.startswith("tap_norm")]
+
+
+def config_json(cfg: Eagle3Config, torch_dtype: str) -> dict:
+    """``cfg`` as the ``config.json`` :func:`save_eagle3` writes: EAGLE's flat layout where it can say it (what
+    EAGLE, SpecForge, vLLM and llama.cpp read), else the speculators format (what vLLM reads)."""
+    return cfg.to_json(torch_dtype=torch_dtype) if flat_layout(cfg) else to_config(cfg, torch_dtype)
+
+
 def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2t: torch.Tensor | None,
                 t2d: torch.Tensor | None, *, dtype: str = "float32") -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the published layout (float weights as
-    ``dtype``; d2t int64, t2d bool). Everything is checked before anything is written, and each file
-    lands by rename, so a failure leaves no half-written head."""
+    """Write ``config.json`` + ``model.safetensors`` in a published layout (float weights as ``dtype``; d2t
+    int64, t2d bool): EAGLE's flat one, or the speculators format for what it cannot describe
+    (:func:`config_json`). Everything is checked before anything is written, and each file lands by rename,
+    so a failure leaves no half-written head."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -222,8 +234,10 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
     if head.cfg != cfg:
         raise EagleHeadError("the head was built from another config than the one given to save_eagle3")
     d2t, t2d = validate_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size)
-    config_text = json.dumps(cfg.to_json(torch_dtype=dtype), indent=2) + "\n"  # refuses variants it cannot write
+    config_text = json.dumps(config_json(cfg, dtype), indent=2) + "\n"
     state = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in head.state_dict().items()}
+    if not flat_layout(cfg):
+        state = to_speculators_names(state)
     state["d2t"], state["t2d"] = d2t.contiguous(), t2d.contiguous()
 
     folder = Path(path)

@@ -12,9 +12,10 @@ from .eagle import DTYPES, Eagle3Config, Eagle3Head, tap_layers
 from .eagle_checkpoint import load_eagle3, resolve_head
 
 
-def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:
+def head_config(target_config: Any, draft_vocab_size: int, num_layers: int = 1) -> Eagle3Config:
     """A head as wide as the target (it reads the target's embedding table), with the target's attention
-    shape, MLP width, norm epsilon and rope base (default rope), and explicit taps for targets of < 7 layers."""
+    shape, MLP width, norm epsilon and rope base (default rope), and explicit taps for targets of < 7 layers;
+    ``num_layers`` > 1: standard decoder layers stacked after the EAGLE-3 one."""
     c = getattr(target_config, "text_config", None) or target_config
     layers = c.num_hidden_layers
     rope = getattr(c, "rope_parameters", None) or {}
@@ -26,7 +27,7 @@ def head_config(target_config: Any, draft_vocab_size: int) -> Eagle3Config:
                         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta or 10000.0),
                         max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048)),
-                        taps=None if layers >= 7 else tap_layers(layers))
+                        taps=None if layers >= 7 else tap_layers(layers), num_layers=num_layers)
 
 
 def new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, seed: int, *, from_target: bool) -> Eagle3Head:
@@ -34,7 +35,8 @@ def new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, seed: int, *,
     draft ids' ``targets``) and final norm are the target's, its decoder layer is the target's last layer
     reading the fused features (``fc`` passes the last tap through; the embedding half of q/k/v stays
     random), so at step 0 the head already maps a late residual state to the target's logits. On
-    SmolLM2-135M this reached in 100 steps the held-out loss a random layer reached in 200."""
+    SmolLM2-135M this reached in 100 steps the held-out loss a random layer reached in 200. A stacked head's
+    layers are the target's last ones in order (the EAGLE-3 layer the earliest of them)."""
     torch.manual_seed(seed)
     head = Eagle3Head(cfg)
     if from_target:
@@ -44,7 +46,7 @@ def new_head(cfg: Eagle3Config, model: Any, targets: torch.Tensor, seed: int, *,
             norm = getattr(getattr(model, "model", None), "norm", None)
             if norm is not None and getattr(norm, "weight", None) is not None:
                 head.norm.weight.copy_(norm.weight.float())
-            _copy_last_layer(head, model)
+            _copy_last_layers(head, model)
     return head
 
 
@@ -72,24 +74,33 @@ def _target_layer_weights(layer: Any, cfg: Eagle3Config) -> dict[str, torch.Tens
     return w
 
 
-def _copy_last_layer(head: Eagle3Head, model: Any) -> bool:
-    """Start the head's layer as the target's last one, where every shape matches (a head shaped after its
-    target: :func:`head_config`); returns whether it did."""
+def _layer_params(layer: Any, h: int | None = None) -> dict[str, torch.Tensor]:
+    """A head layer's weights by the names :func:`_target_layer_weights` gives a target layer's; ``h``: the
+    EAGLE-3 layer's width H, whose q/k/v read [embedding ‖ features] (the features half is the target-like part)
+    and whose fused features go through ``hidden_norm`` where a target layer has its input norm."""
+    attn, mlp = layer.self_attn, layer.mlp
+    cut = (lambda w: w[:, h:]) if h else (lambda w: w)
+    return {"q_proj": cut(attn.q_proj.weight), "k_proj": cut(attn.k_proj.weight), "v_proj": cut(attn.v_proj.weight),
+            "o_proj": attn.o_proj.weight, "gate_proj": mlp.gate_proj.weight, "up_proj": mlp.up_proj.weight,
+            "down_proj": mlp.down_proj.weight,
+            "input_layernorm": layer.hidden_norm.weight if h else layer.input_layernorm.weight,
+            "post_attention_layernorm": layer.post_attention_layernorm.weight}
+
+
+def _copy_last_layers(head: Eagle3Head, model: Any) -> bool:
+    """Start the head's layers as the target's last ones, in order, where every shape matches (a head shaped
+    after its target: :func:`head_config`); returns whether it did."""
     layers = getattr(getattr(model, "model", None), "layers", None)
-    if not layers:
+    n, h = head.cfg.num_layers, head.cfg.hidden_size
+    if not layers or len(layers) < n or head.fc.weight.shape[1] != 3 * h:
         return False
-    w = _target_layer_weights(layers[-1], head.cfg)
-    h, mid = head.cfg.hidden_size, head.midlayer
-    attn = mid.self_attn
-    mine = {"q_proj": attn.q_proj.weight[:, h:], "k_proj": attn.k_proj.weight[:, h:],
-            "v_proj": attn.v_proj.weight[:, h:], "o_proj": attn.o_proj.weight,
-            "gate_proj": mid.mlp.gate_proj.weight, "up_proj": mid.mlp.up_proj.weight,
-            "down_proj": mid.mlp.down_proj.weight, "input_layernorm": mid.hidden_norm.weight,
-            "post_attention_layernorm": mid.post_attention_layernorm.weight}
-    if set(w) != set(mine) or any(w[k].shape != mine[k].shape for k in mine) or head.fc.weight.shape[1] != 3 * h:
+    pairs = [(_target_layer_weights(layers[len(layers) - n + i], head.cfg), _layer_params(mine, h if i == 0 else None))
+             for i, mine in enumerate([head.midlayer, *head.layers.values()])]
+    if any(set(w) != set(mine) or any(w[k].shape != mine[k].shape for k in mine) for w, mine in pairs):
         return False
-    for name, dest in mine.items():
-        dest.copy_(w[name].float())  # the features half of q/k/v: the embedding half keeps its random start
+    for w, mine in pairs:
+        for name, dest in mine.items():
+            dest.copy_(w[name].float())  # the features half of q/k/v: the embedding half keeps its random start
     head.fc.weight.zero_()
     head.fc.weight[:, 2 * h:] = torch.eye(h)  # the last tap (L-3) through, the others learnt from zero
     return True
@@ -104,9 +115,10 @@ def init_head(path: str, target_config: Any) -> tuple[Eagle3Config, Eagle3Head, 
     if head.embed_tokens is not None:
         raise ConfigError(f"eagle train --init: {path} carries its own embedding table; specrt trains heads that "
                           "read the target's")
-    if cfg.variants:
-        raise ConfigError(f"eagle train --init: {path} is a speculators-format variant ({', '.join(cfg.variants)}); "
-                          "specrt trains the standard EAGLE-3 head")
+    variants = [v for v in cfg.variants if not v.startswith("layers=")]
+    if variants:
+        raise ConfigError(f"eagle train --init: {path} is a speculators-format variant ({', '.join(variants)}); "
+                          "specrt trains the standard EAGLE-3 head (stacked or not)")
     layers = (getattr(target_config, "text_config", None) or target_config).num_hidden_layers
     if tuple(cfg.tap_layers_for(layers)) != tuple(tap_layers(layers)):
         raise ConfigError(f"eagle train --init: {path} reads layers {list(cfg.tap_layers_for(layers))}, "

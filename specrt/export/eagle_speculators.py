@@ -9,7 +9,8 @@ EAGLE's layout says ``midlayer.*``. Its variants map onto the config: ``norm_bef
 (``fc_norm.0-2``), ``norm_output`` → ``feed_normed``, a sliding layer → ``sliding_window``, a Qwen3 layer →
 ``qk_norm``, ``num_hidden_layers`` > 1 → ``num_layers`` (stacked standard layers ``layers.1.*`` ..., kept under
 those names). What specrt does not implement (layers that slide apart, other than three taps, biases) is
-refused in one line. Sources and line references: docs/design/eagle3.md, "The speculators format".
+refused in one line. :func:`to_config` and :func:`to_speculators_names` write the format back, for heads the flat
+layout cannot describe. Sources and line references: docs/design/eagle3.md, "The speculators format".
 """
 
 from __future__ import annotations
@@ -117,3 +118,29 @@ def rename_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     copies of the target's norm and LM head dropped."""
     return {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
             for k, v in state.items() if k not in TRAINING_ONLY}
+
+
+def to_config(cfg: Any, torch_dtype: str) -> dict:
+    """The speculators ``config.json`` that :func:`config_fields` reads back to ``cfg`` (an ``Eagle3Config``), for
+    heads the flat layout cannot describe (stacked layers, the fed-back norm, a window, a Qwen3 layer)."""
+    layer = {"model_type": "qwen3" if cfg.qk_norm else "llama", "hidden_size": cfg.hidden_size,
+             "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+             "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+             "num_hidden_layers": cfg.num_layers, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+             "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
+             "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "torch_dtype": torch_dtype,
+             "layer_types": [("sliding" if cfg.sliding_window else "full") + "_attention"] * cfg.num_layers}
+    if cfg.sliding_window:
+        layer.update(sliding_window=cfg.sliding_window, use_sliding_window=True)
+    return {"architectures": ["Eagle3DraftModel"], "speculators_model_type": MODEL_TYPE,
+            "draft_vocab_size": cfg.draft_vocab_size, "norm_before_residual": cfg.norm_before_residual,
+            "norm_before_fc": cfg.tap_norm == "joint", "fc_norm": cfg.tap_norm == "each",
+            "norm_output": cfg.feed_normed,
+            "target_hidden_size": None if cfg.target_hidden_size == cfg.hidden_size else cfg.target_hidden_size,
+            "eagle_aux_hidden_state_layer_ids": None if cfg.taps is None else list(cfg.taps),
+            "speculators_config": {"algorithm": "eagle3"}, "transformer_layer_config": layer}
+
+
+def to_speculators_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """specrt's weight names → speculators' (``midlayer.`` → ``layers.0.``): :func:`rename_weights` undone."""
+    return {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head, tap_layers
-from .eagle_checkpoint import save_eagle3
+from .eagle_checkpoint import config_json, save_eagle3
 from .eagle_data import (
     BatchSampler,
     Progress,
@@ -104,12 +104,15 @@ class EagleTrainConfig:
     # always measured in float32
     device: str = "auto"  # where the target generates and the head trains: auto (a CUDA GPU when torch sees one,
     # else the CPU), cpu, cuda or cuda:N. The data cache stays in host memory either way
+    layers: int = 1  # decoder layers of a new head: the EAGLE-3 layer, then standard ones (speculators' stacked
+    # heads, saved in its format); an --init head keeps its own count
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
         _real("lr", self.lr, 0.0, 1.0, low_open=True, high_open=True)
         _int("batch_size", self.batch_size, 1)
         _int("ttt_steps", self.ttt_steps, 1, 16)
+        _int("layers", self.layers, 1, 8)
         _int("seq_len", self.seq_len, self.ttt_steps + 3)  # room for one full chain after a root
         if self.draft_vocab is not None:
             _int("draft_vocab", self.draft_vocab, 1)
@@ -180,16 +183,16 @@ def ttt_hidden(head: Eagle3Head, taps: torch.Tensor, embeds: torch.Tensor, depth
     b, t = taps.shape[:2]
     dev = taps.device
     positions = torch.arange(t, device=dev).expand(b, t)  # row j sits at position j at every step (the chain's)
-    hidden, key, value = head.layer(head.fuse(taps), embeds, positions, ttt_mask(t, 0, dev).expand(b, 1, t, t))
-    hiddens, keys, values = [hidden], [key], [value]
+    hidden, kv = head.layer(head.fuse(taps), embeds, positions, ttt_mask(t, 0, dev).expand(b, 1, t, t))
+    hiddens, steps = [hidden], [kv]  # steps[s][layer] = (key, value) step s computed in that layer
     for s in range(1, depth):
         features = F.pad(hidden[:, :-1], (0, 0, 1, 0))  # row j ← row j-1's previous-step output
         mask = ttt_mask(t, s, dev).expand(b, 1, t, (s + 1) * t)
-        hidden, key, value = head.layer(features, embeds, positions, mask, torch.cat(keys, dim=1),
-                                        torch.cat(values, dim=1))
+        past = tuple((torch.cat([x[i][0] for x in steps], dim=1), torch.cat([x[i][1] for x in steps], dim=1))
+                     for i in range(len(kv)))
+        hidden, kv = head.layer(features, embeds, positions, mask, past)
         hiddens.append(hidden)
-        keys.append(key)
-        values.append(value)
+        steps.append(kv)
     return hiddens
 
 
@@ -385,6 +388,9 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         user_turn(tok)  # a tokenizer without a chat template is refused before any work
     docs = read_documents(data_files, cfg.data_format)
     init = init_head(cfg.init, target_config) if cfg.init else None
+    if init is not None and cfg.layers not in (1, init[0].num_layers):
+        raise ConfigError(f"eagle train: --layers {cfg.layers}, but the --init head has {init[0].num_layers} "
+                          "layer(s); a warm start keeps its own")
     fingerprint = data_fingerprint(str(source), cfg, prompts, docs, None if init is None else init[2])
     work = out / WORK_DIR
     if not resume and work.exists():  # only specrt's own work folder: a fresh run starts from nothing
@@ -405,7 +411,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         targets = torch.arange(len(d2t)) + d2t
 
         if init is None:
-            head_cfg = head_config(target_config, len(d2t))
+            head_cfg = head_config(target_config, len(d2t), cfg.layers)
             head = new_head(head_cfg, model, targets, cfg.seed, from_target=cfg.init_from_target)
         else:
             head_cfg, head = init[:2]
@@ -451,7 +457,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     record = {
         "format": FORMAT_VERSION, "target": str(gguf or source), "architecture": target_config.model_type,
-        "config": asdict(cfg), "head": head_cfg.to_json(torch_dtype=cfg.dtype), "taps": list(taps),
+        "config": asdict(cfg), "head": config_json(head_cfg, cfg.dtype), "taps": list(taps),
         "tap_convention": "entering layer i (output_hidden_states[i])", "end_ids": end_ids,
         "draft_vocab_size": len(d2t),
         "data": {**cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),

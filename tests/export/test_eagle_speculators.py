@@ -4,6 +4,8 @@ exported and run exact. Heads here are tiny and random, written as speculators w
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from support.models import make_tokenizer, save_model
@@ -214,11 +216,15 @@ def test_checkpoint_refusals(tmp_path):
     save_eagle3(tmp_path / "flat", head.cfg, head, *vocab_map())
     _, again, _, _ = load_eagle3(tmp_path / "flat")
     assert again.cfg == head.cfg and torch.equal(again.input_norm.weight, head.input_norm.weight)
-    # what the flat layout cannot say is refused before anything is written
-    fed = Eagle3Config.from_json(speculators_config(norm_output=True))
+    # what the flat layout cannot say is written in the speculators format, and reads back the same
+    fed = Eagle3Config.from_json(speculators_config(norm_output=True, fc_norm=True))
     with pytest.raises(EagleHeadError, match="no fields for feed_normed"):
-        save_eagle3(tmp_path / "out", fed, random_head(fed), *vocab_map())
-    assert not (tmp_path / "out").exists()
+        fed.to_json()
+    saved = random_head(fed, seed=4)
+    save_eagle3(tmp_path / "out", fed, saved, *vocab_map())
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    back_cfg, back, _, _ = load_eagle3(tmp_path / "out")
+    assert back_cfg == fed and torch.equal(back.fc_norm[1].weight, saved.fc_norm[1].weight)
 
 
 # --- exported and run ----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def stacked_config(layers: int = 3, **layer) -> dict:
     return config
 
 
-def test_a_stacked_config_reads_as_layers_and_stays_out_of_the_flat_layout(tmp_path):
+def test_a_stacked_config_reads_as_layers_and_is_written_in_the_speculators_format(tmp_path):
     cfg = Eagle3Config.from_json(stacked_config(3))
     assert cfg.num_layers == 3 and cfg.variants == ("layers=3",)
     head = random_head(cfg)
@@ -31,8 +31,11 @@ def test_a_stacked_config_reads_as_layers_and_stays_out_of_the_flat_layout(tmp_p
     with pytest.raises(EagleHeadError, match="slide some layers and not others"):
         Eagle3Config.from_json(stacked_config(2, sliding_window=5, layer_types=["sliding_attention", "full_attention"]))
     with pytest.raises(EagleHeadError, match="no fields for layers=3"):
-        save_eagle3(tmp_path / "flat", cfg, head, *vocab_map())
-    assert not (tmp_path / "flat").exists()
+        cfg.to_json()  # the flat layout has one layer: save_eagle3 writes the speculators format instead
+    save_eagle3(tmp_path / "saved", cfg, head, *vocab_map())
+    again_cfg, again, _, _ = load_eagle3(tmp_path / "saved")
+    assert again_cfg == cfg and all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                                      head.state_dict().values()))
     with pytest.raises(EagleHeadError, match="num_layers must be a positive integer"):
         Eagle3Config(hidden_size=H, num_attention_heads=HEADS, intermediate_size=96, vocab_size=V, num_layers=0)
 
@@ -110,21 +113,19 @@ def test_the_later_layers_are_transformers_decoder_layers(model_type):
                   got.key, got.value, got.rest[:1])
 
 
-def test_training_runs_single_layer_heads_only(tmp_path):
+def test_training_starts_from_a_stacked_head_but_not_from_other_variants(tmp_path):
     from transformers import LlamaConfig
 
     from specrt.export.eagle_init import init_head
 
-    config = stacked_config(2)
-    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
-    head = random_head(Eagle3Config.from_json(config))
-    with pytest.raises(ConfigError, match="trains single-layer heads only"):
-        head.layer(torch.zeros(1, 1, H), torch.zeros(1, 1, H), torch.zeros(1, 1, dtype=torch.long),
-                   torch.ones(1, 1, 1, 1, dtype=torch.bool))
-    write_speculators(tmp_path / "head", config, head)
     target = LlamaConfig(hidden_size=H, vocab_size=V, num_hidden_layers=5, num_attention_heads=HEADS)
-    with pytest.raises(ConfigError, match=r"variant \(layers=2\)"):
-        init_head(str(tmp_path / "head"), target)
+    for name, extra in (("plain", {}), ("fed", {"norm_output": True})):
+        config = {**stacked_config(2), **extra}  # taps 1, 2, 4: what training feeds a 5-layer target
+        write_speculators(tmp_path / name, config, random_head(Eagle3Config.from_json(config)))
+    cfg, head, _, _ = init_head(str(tmp_path / "plain"), target)
+    assert cfg.num_layers == 2 and head.training
+    with pytest.raises(ConfigError, match=r"variant \(feed_normed\)"):
+        init_head(str(tmp_path / "fed"), target)
 
 
 @pytest.fixture(scope="module")

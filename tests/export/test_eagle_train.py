@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.models import CHAT_TEMPLATE, make_tokenizer, save_model, tiny_head_and_batch
+from support.models import CHAT_TEMPLATE, make_tokenizer, save_model, save_pattern_target, tiny_head_and_batch
 
 from specrt.errors import ConfigError, ModelLoadError
 from specrt.export import eagle_data as ed
@@ -44,30 +44,7 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pattern_target(tmp_path_factory):
-    """A target that repeats a pattern: its layers add nothing (o_proj, down_proj zero), and its LM head
-    sends token x to the next id of x's 3-cycle (2→3→4→2, 5→6→7→5, ...), so every greedy or sampled
-    continuation repeats three tokens; ids 0 and 1 (BOS, EOS) lead into the first cycle, never to EOS."""
-    from transformers import AutoModelForCausalLM
-
-    folder = save_model(tmp_path_factory.mktemp("eagle-pattern") / "target", "llama", seed=3, vocab=288, layers=4,
-                        hidden=64, heads=4, kv_heads=2, tokenizer=make_tokenizer(vocab=280))
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        e = model.model.embed_tokens.weight
-        unit = e / e.pow(2).mean(-1, keepdim=True).sqrt()  # what the final RMS norm makes of E[x]
-        nxt = torch.arange(len(e))
-        ids = torch.arange(2, len(e))
-        for k in range(0, len(ids) - 2, 3):
-            nxt[ids[k:k + 3]] = ids[k:k + 3].roll(-1)
-        nxt[0] = nxt[1] = 2
-        w = torch.zeros_like(model.lm_head.weight)
-        w[nxt] = 0.25 * unit  # logit gap ~16 nats: the cycle's next id is the argmax, even sampled
-        model.lm_head.weight.copy_(w)
-    model.save_pretrained(folder)
-    return folder
+    return save_pattern_target(tmp_path_factory.mktemp("eagle-pattern") / "target")
 
 
 @pytest.fixture(scope="module")

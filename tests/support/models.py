@@ -218,3 +218,30 @@ def tiny_head_and_batch():
                       top1=torch.randint(0, 50, (n, t), generator=g, dtype=torch.int32))
     embed, t2d = torch.randn(50, 32, generator=g), torch.rand(50, generator=g) < 0.7
     return head, embed, t2d, b
+
+
+def save_pattern_target(folder: Path) -> Path:
+    """A target that repeats a pattern: its layers add nothing (o_proj, down_proj zero), and its LM head
+    sends token x to the next id of x's 3-cycle (2→3→4→2, 5→6→7→5, ...), so every greedy or sampled
+    continuation repeats three tokens; ids 0 and 1 (BOS, EOS) lead into the first cycle, never to EOS."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_model(folder, "llama", seed=3, vocab=288, layers=4, hidden=64, heads=4, kv_heads=2,
+                        tokenizer=make_tokenizer(vocab=280))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        e = model.model.embed_tokens.weight
+        unit = e / e.pow(2).mean(-1, keepdim=True).sqrt()  # what the final RMS norm makes of E[x]
+        nxt = torch.arange(len(e))
+        ids = torch.arange(2, len(e))
+        for k in range(0, len(ids) - 2, 3):
+            nxt[ids[k:k + 3]] = ids[k:k + 3].roll(-1)
+        nxt[0] = nxt[1] = 2
+        w = torch.zeros_like(model.lm_head.weight)
+        w[nxt] = 0.25 * unit  # logit gap ~16 nats: the cycle's next id is the argmax, even sampled
+        model.lm_head.weight.copy_(w)
+    model.save_pretrained(folder)
+    return folder
