@@ -6,6 +6,8 @@
 # at most 64 MiB a call and sends back files of at most 16 MiB: the GGUF arrives as benchmarks/gpu_smollm2_target.sh
 # says; the head comes back as OUT/head/{config.json, training.json, model.safetensors.part-0*} (join: cat
 # part-0* > model.safetensors).
+# LAYERS=2: a stacked head (speculators format; the CPU rounds were short of data, not of layers: on a GPU's
+# data a second layer may pay, at ~1.4x a draft's cost on this CPU).
 # Sizes: SELF (default 3000), SEQ (12000), STEPS (3000), BS (16), LR (1e-3): ~14,000 sequences, a ~10 GB
 # cache in host memory. Not yet run on a GPU: its generation rate there is unmeasured, so give the first run
 # a call of its own (10 minutes at most) and read train.log's progress lines before sizing up.
@@ -28,8 +30,8 @@ fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null
 rm -rf /tmp/head
 python3 -m specrt.cli eagle train /tmp/smollm2.gguf -o /tmp/head --device $DEV ${INIT:+--init $INIT} \
-  --prompts $P --self-prompts $SELF --sequences $SEQ --seq-len $LEN --batch-size $BS --ttt-steps 3 \
-  --steps $STEPS --lr ${LR:-1e-3} 2>&1 | tee $OUT/train.log | grep -v -E "it/s\]|Warn" | tail -20
+  --layers ${LAYERS:-1} --prompts $P --self-prompts $SELF --sequences $SEQ --seq-len $LEN --batch-size $BS \
+  --ttt-steps 3 --steps $STEPS --lr ${LR:-1e-3} 2>&1 | tee $OUT/train.log | grep -v -E "it/s\]|Warn" | tail -20
 rc=${PIPESTATUS[0]}
 cp /tmp/head/config.json /tmp/head/training.json $OUT/head/ 2>/dev/null
 [ -f /tmp/head/model.safetensors ] && split -b 15M -d -a 2 /tmp/head/model.safetensors $OUT/head/model.safetensors.part-
