@@ -27,6 +27,19 @@ def _own_cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SPECRT_THREAD_POOL", "per-model")
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """The torch backend and the peers set torch's thread count for the process (as a runtime should); put it
+    back after each test, or an in-process export later in the run computes its PyTorch reference on other
+    threads (float sums in another order) than the same export in a child process."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """A saved tiny (target, draft) HF pair per supported architecture."""
