@@ -399,6 +399,22 @@ def eagle_mixed_prompts(data: dict) -> str:
                 "tokens / pass there (depth 3)", "tokens / pass, round 4's held-out (312 prompts, γ 3)"], rows)
 
 
+@table("eagle-stacked-smollm2-cpu", "eagle-stacked-smollm2-cpu.json")
+def eagle_stacked(data: dict) -> str:
+    """One layer against two at equal data: the same start (round 4's head; the second layer's outputs zero), cache,
+    batches and seed; held-out acceptance as `specrt eagle train` measures it, tokens per pass on round 4's
+    human-written held-out, and a draft's cost c (`specrt bench`, eagle γ 3) with the same drafts."""
+    rows = []
+    for r in data["runs"]:
+        held, cost = r["training"]["heldout"], r["cost"]
+        rows.append([r["head"], str(r["layers"]), f"{held['alpha1']:.3f}",
+                     " / ".join(f"{a:.3f}" for a in held["alpha_by_depth"]), f"{held['tokens_per_pass']:.3f}",
+                     f"{held['kl']:.3f}", f"{r['heldout_r4']['tokens_per_pass']:.3f}",
+                     f"{cost['fp32']['c']:.3f} / {cost['int8']['c']:.3f}"])
+    return _md(["head", "layers", "held-out α, first draft", "by depth", "tokens / pass at depth 3", "held-out KL",
+                "tokens / pass, round 4's held-out (312 prompts, γ 3)", "c: fp32 target / int8 target"], rows)
+
+
 @table("tree-host-topk-cpu", "tree-host-topk-cpu.json")
 def tree_host_topk(data: dict) -> str:
     """`specrt bench` processes of two checkouts, alternating: host work per token and speed, per run."""
