@@ -81,11 +81,13 @@ def test_ttt_mask_is_the_chains_attention():
     assert ttt_mask(3, 0).tolist() == torch.ones(3, 3, dtype=torch.bool).tril().tolist()
 
 
-def test_ttt_forward_equals_the_runtimes_chain():
+@pytest.mark.parametrize("layers", [1, 3])
+def test_ttt_forward_equals_the_runtimes_chain(layers):
     """Unrolled step s at row r + s == the runtime's depth-s row after verified rows 0..r: cache the
-    prefix's K/V, then feed each deeper row the previous row's hidden as features, at position r + s."""
+    prefix's K/V (every layer's, for a stacked head), then feed each deeper row the previous row's hidden as
+    features, at position r + s."""
     cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24)
+                       vocab_size=50, draft_vocab_size=20, target_hidden_size=24, num_layers=layers)
     torch.manual_seed(0)
     head = Eagle3Head(cfg).eval()
     t, depth = 9, 3
@@ -95,14 +97,15 @@ def test_ttt_forward_equals_the_runtimes_chain():
         for r in range(t - depth + 1):
             mask = torch.ones(2, 1, r + 1, r + 1, dtype=torch.bool).tril()
             out = head(taps[:, :r + 1], embeds[:, :r + 1], torch.arange(r + 1).expand(2, -1), mask)
-            keys, values, hidden = out.key, out.value, out.hidden[:, -1:]
             torch.testing.assert_close(out.logits[:, -1], unrolled[0][:, r], rtol=1e-5, atol=1e-5)
+            past, hidden = [(out.key, out.value), *out.rest], out.hidden[:, -1:]
             for s in range(1, depth):
                 j = r + s  # the depth-s row reads token j+1, i.e. embeds[:, j]
                 step = head.step(hidden, embeds[:, j:j + 1], torch.full((2, 1), j),
-                                 torch.ones(2, 1, 1, keys.shape[1] + 1, dtype=torch.bool), keys, values)
+                                 torch.ones(2, 1, 1, past[0][0].shape[1] + 1, dtype=torch.bool), *past[0], past[1:])
                 torch.testing.assert_close(step.logits[:, 0], unrolled[s][:, j], rtol=1e-5, atol=1e-5)
-                keys, values = torch.cat([keys, step.key], 1), torch.cat([values, step.value], 1)
+                new = [(step.key, step.value), *step.rest]
+                past = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(past, new)]
                 hidden = step.hidden
 
 
