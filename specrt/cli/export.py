@@ -298,7 +298,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
 
     The head learns the target's distribution over a reduced draft vocabulary (forward KL), unrolled on its own
     outputs as the runtime feeds them; it is written in the published layout (config.json, model.safetensors; a
-    stacked head in the speculators format), with training.json holding the held-out acceptance before and after. A checkpoint is kept while it trains.
+    stacked head in the speculators format), with training.json holding the held-out acceptance before and
+    after. A checkpoint is kept while it trains.
 
     \b
     Example:

@@ -402,7 +402,9 @@ class Eagle3Head(nn.Module):
             near = window_mask(torch.ones_like(attention_mask, dtype=torch.bool), position_ids, past,
                                self.cfg.sliding_window)
             attention_mask = attention_mask.masked_fill(~near, torch.finfo(attention_mask.dtype).min)
-        if len(past_rest) not in (0, len(self.layers)):
+        # every layer has a past or none does: a first layer's cache beside none for the later ones would let them
+        # attend to the new rows alone, silently
+        if len(past_rest) != (len(self.layers) if past_key is not None else 0):
             raise ConfigError(f"EAGLE-3 step: past for {len(past_rest)} stacked layers, the head has "
                               f"{len(self.layers)}")
         cos, sin = self.rotary(features, position_ids)

@@ -111,6 +111,9 @@ def test_the_later_layers_are_transformers_decoder_layers(model_type):
     with pytest.raises(ConfigError, match="past for 1 stacked layers, the head has 2"):
         head.step(got.hidden[:, -1:], embeds[:, :1], pos[:, -1:] + 1, torch.ones(1, 1, 1, t + 1, dtype=torch.bool),
                   got.key, got.value, got.rest[:1])
+    with pytest.raises(ConfigError, match="past for 0 stacked layers, the head has 2"):  # the first layer's alone
+        head.step(got.hidden[:, -1:], embeds[:, :1], pos[:, -1:] + 1, torch.ones(1, 1, 1, t + 1, dtype=torch.bool),
+                  got.key, got.value)
 
 
 def test_training_starts_from_a_stacked_head_but_not_from_other_variants(tmp_path):
