@@ -26,7 +26,8 @@ import torch
 from specrt.bundle.machine import cpu_name
 from specrt.export.eagle_data import BatchSampler, SequenceCache
 from specrt.export.eagle_init import head_config, new_head
-from specrt.export.eagle_train import EagleTrainConfig, evaluate, optimizer, train_step
+from specrt.export.eagle_train import EagleTrainConfig, optimizer, train_step
+from specrt.export.eagle_ttt import evaluate
 from specrt.export.loading import load_causal_lm, load_config
 from specrt.export.precision import resolve_compute
 

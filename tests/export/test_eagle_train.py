@@ -16,15 +16,11 @@ from specrt.errors import ConfigError, ModelLoadError
 from specrt.export import eagle_data as ed
 from specrt.export import eagle_generate as eg
 from specrt.export import eagle_train as et
+from specrt.export import eagle_ttt as ttt
 from specrt.export.eagle import Eagle3Config, Eagle3Head
 from specrt.export.eagle_checkpoint import load_eagle3
-from specrt.export.eagle_train import (
-    EagleTrainConfig,
-    SequenceCache,
-    train_eagle,
-    ttt_forward,
-    ttt_mask,
-)
+from specrt.export.eagle_train import EagleTrainConfig, SequenceCache, train_eagle
+from specrt.export.eagle_ttt import ttt_forward, ttt_mask
 from specrt.export.precision import generating
 
 PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
@@ -113,9 +109,9 @@ def test_the_loss_on_scored_rows_alone_equals_the_loss_over_every_row():
     """Training runs the LM head on the rows it scores only; the KL sums are those of the full logits."""
     head, embed, t2d, b = tiny_head_and_batch()
     n, t = b.tokens.shape
-    logits, kls = et._step_kls(head, embed, t2d, b, 3, all_rows=True)
+    logits, kls = ttt.step_kls(head, embed, t2d, b, 3, all_rows=True)
     assert logits is not None and [tuple(lg.shape) for lg in logits] == [(n, t, 20)] * 3
-    none, sparse = et._step_kls(head, embed, t2d, b, 3)
+    none, sparse = ttt.step_kls(head, embed, t2d, b, 3)
     assert none is None
     for (a, rows_a), (c, rows_c) in zip(kls, sparse):
         assert rows_a == rows_c > 0
@@ -162,14 +158,14 @@ def test_kl_is_exact_with_the_full_row_and_a_lower_bound_with_top_k():
     keep = torch.ones(2, 5, dtype=torch.bool)
     exact = (logp.exp() * (logp - torch.log_softmax(logits, -1))).sum(-1).sum()
     top = logp.topk(12, -1)
-    total, rows = et._kl(logits, top.values, top.indices, keep)
+    total, rows = ttt.kl_loss(logits, top.values, top.indices, keep)
     assert rows == 10
     torch.testing.assert_close(total, exact, rtol=1e-5, atol=1e-6)
     top = logp.topk(4, -1)
-    coarse, _ = et._kl(logits, top.values, top.indices, keep)
+    coarse, _ = ttt.kl_loss(logits, top.values, top.indices, keep)
     assert 0 <= coarse <= exact
     keep[0] = False
-    assert et._kl(logits, top.values, top.indices, keep)[1] == 5
+    assert ttt.kl_loss(logits, top.values, top.indices, keep)[1] == 5
 
 
 def test_acceptance_counts_chains_like_the_runtime(monkeypatch):
@@ -191,9 +187,9 @@ def test_acceptance_counts_chains_like_the_runtime(monkeypatch):
         logits = [torch.nn.functional.one_hot(torch.tensor([d]), 20).float() for d in drafts[:depth]]
         return logits, [(torch.tensor(0.0), 1)] * depth
 
-    monkeypatch.setattr(et, "_step_kls", fake)
+    monkeypatch.setattr(ttt, "step_kls", fake)
     cfg = replace(SMALL, ttt_steps=3)
-    m = et.evaluate(torch.nn.Identity(), None, torch.zeros(20, dtype=torch.long), None, data, cfg)
+    m = ttt.evaluate(torch.nn.Identity(), None, torch.zeros(20, dtype=torch.long), None, data, cfg)
     # roots 0..6 (their next target positions 1..7 are scored); accepted drafts per root:
     #   r0: rows 0, 1, 2 all right and on the greedy path -> 3
     #   r1: rows 1, 2; depth 2 (row 3) would read token 4 = 99, not the accepted draft 13 -> 2

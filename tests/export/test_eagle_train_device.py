@@ -16,6 +16,7 @@ from specrt.cli import main
 from specrt.errors import ConfigError
 from specrt.export import eagle_generate as eg
 from specrt.export import eagle_train as et
+from specrt.export import eagle_ttt as ttt
 from specrt.export import precision
 from specrt.export.eagle_train import EagleTrainConfig, train_eagle
 
@@ -68,11 +69,11 @@ def test_a_training_step_keeps_every_tensor_on_the_heads_device(monkeypatch):
     meta = torch.device("meta")
     head = head.to(meta)
     batch = et.SequenceCache(**{k: v.to(meta) for k, v in vars(b).items()})
-    _, kls = et._step_kls(head, embed.to(meta), t2d.to(meta), batch, 3)
+    _, kls = ttt.step_kls(head, embed.to(meta), t2d.to(meta), batch, 3)
     assert len(kls) == 3 and all(total.device == meta for total, _ in kls)
     sum(total for total, _ in kls).backward()
     assert all(p.grad is not None and p.grad.device == meta for p in head.parameters())
-    assert et.ttt_mask(6, 2, meta).device == meta
+    assert ttt.ttt_mask(6, 2, meta).device == meta
     cpu_batch = b.batch([2, 0], meta)  # a cache in host memory hands its batches over to the device
     assert cpu_batch.taps.device == meta and tuple(cpu_batch.tokens.shape) == (2, 10)
 
