@@ -415,6 +415,23 @@ def eagle_stacked(data: dict) -> str:
                 "tokens / pass, round 4's held-out (312 prompts, γ 3)", "c: fp32 target / int8 target"], rows)
 
 
+@table("eagle-time-limit-smollm2-cpu", "eagle-time-limit-smollm2-cpu.json")
+def eagle_time_limit(data: dict) -> str:
+    """`specrt eagle train --time-limit 15`, one command three times as the planning changed: the data it made,
+    the steps it planned and ran, a step's predicted and real seconds, and the process's wall time."""
+    rows = []
+    for r in data["runs"]:
+        t = r["training"]
+        plan, d, times = t["time_limit"], t["data"], t["time_s"]
+        ran = len(t["loss"]["history"])
+        rows.append([r["planning"], f"{d['prompts_written']} / {d['continuations_made']}",
+                     f"{plan['steps']} / {ran}" + (" (stopped at the limit)" if plan["stopped_at_step"] else ""),
+                     f"{plan['step_s']:.2f} / {times['train'] / ran:.2f}", f"{r['wall_s'] / 60:.2f} min",
+                     f"{t['heldout_init']['alpha1']:.3f} → {t['heldout']['alpha1']:.3f}"])
+    return _md(["planning", "prompts written / replies (training)", "steps planned / run",
+                "s a step: planned / real", "process wall time (limit 15 min)", "held-out α, first draft"], rows)
+
+
 @table("tree-host-topk-cpu", "tree-host-topk-cpu.json")
 def tree_host_topk(data: dict) -> str:
     """`specrt bench` processes of two checkouts, alternating: host work per token and speed, per run."""

@@ -289,10 +289,15 @@ def eagle() -> None:
               help="Where the target generates and the head trains. auto: the first CUDA GPU when this torch sees "
                    "one, else the CPU. The data cache stays in host memory (about 1 MB per sequence of 256 "
                    "tokens on a 576-wide target); a run resumes on another device.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
+              help="Fit the whole run in this much wall time: the target writes prompts and replies for about half "
+                   "of it (held-out replies first, whole), then timed steps set how many training steps fit before "
+                   "the held-out check and the save; --sequences and --steps become upper bounds. A run that "
+                   "overruns its plan stops at the limit and saves the head it has.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str,
-                self_prompts: int, device: str, layers: int) -> None:
+                self_prompts: int, device: str, layers: int, time_limit: float | None) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
     target writes itself (never a download).
 
@@ -317,7 +322,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
                            num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute,
-                           self_prompts=self_prompts, device=device, layers=layers)
+                           self_prompts=self_prompts, device=device, layers=layers, time_limit=time_limit)
     prompts = read_prompts(prompts_file) if prompts_file else None
     where = resolve_device(device)  # said before the long work starts (train_eagle resolves it the same way)
     click.echo(f"eagle train: on {where}, {resolve_compute(compute, where)} matmuls", err=True)
@@ -329,6 +334,23 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
                f"{held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
                f"(trained in {record['compute']} on {record['device']}, "
                f"{record['time_s']['total_this_run'] / 60:.0f} min)")
+    for line in _limits_said(record):
+        click.echo(line)
     if self_prompts:
         click.echo(f"the target wrote {record['data']['prompts_written']} of the {self_prompts} prompts asked for: "
                    f"{Path(output) / WRITTEN_NAME}")
+
+
+def _limits_said(record: dict) -> list[str]:
+    """What a time limit or the host's memory or disk changed in a run, in its own words."""
+    data, plan, said = record["data"], record.get("time_limit"), []
+    why = {"time": "the time limit", "memory": "this host's free memory", "disk": "the cache's free disk"}
+    if data.get("generation_cut"):
+        said.append(f"replies: {data['continuations_made']} of the {data['continuations_asked']} asked for (as many as "
+                    f"{why[data['generation_cut']]} allowed)")
+    if plan:
+        ran = len(record["loss"]["history"])  # a resumed run's history holds the earlier steps too
+        said.append(f"steps: {ran} of the {record['config']['steps']} allowed, planned {plan['steps']} at "
+                    f"{plan['step_s']:.2f} s a step to end within {plan['minutes']:g} min"
+                    + (", stopped at the limit" if plan["stopped_at_step"] is not None else ""))
+    return said

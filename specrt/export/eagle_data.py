@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, OutputPathError
+from .eagle_budget import DataLimits
 from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head, model_device
 from .eagle_prompts import MESSAGE_TOKENS, with_bos, write_prompts
 from .precision import generating
@@ -127,12 +128,16 @@ def _length_batches(rows: list[int], encoded: dict[int, list[int]], size: int) -
 
 
 def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
-                     end_ids: list[int], taps: Sequence[int], progress: Progress, written: Sequence[str] = ()
-                     ) -> tuple[list[_Seq], list[_Seq], dict]:
+                     end_ids: list[int], taps: Sequence[int], progress: Progress, written: Sequence[str] = (),
+                     limits: DataLimits = DataLimits()) -> tuple[list[_Seq], list[_Seq], dict]:
     """Whole prompts and documents are held out, so no held-out sequence shares a prefix with a training one.
     Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation
-    each, the runtime's greedy chain exactly. ``written`` (the target's own prompts) are split apart, so the
-    seed prompts' split is the same with or without them."""
+    each, the runtime's greedy chain exactly, generated first, so ``limits`` never cut them. ``written`` (the
+    target's own prompts) are split apart, so the seed prompts' split is the same with or without them.
+    Training batches stop (after the first) where ``limits`` say; under a time limit, or where the memory or
+    disk bound would cut them, they go round the prompts one reply each per round, batches in a seeded order,
+    so a cut leaves every prompt within one reply of the rest and no length favoured. (Text windows are read
+    whole.)"""
     groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs] + [("prompt", p) for p in written]
     train_groups, held_list = _split(len(groups) - len(written), cfg.heldout_fraction, cfg.seed)
     if written:
@@ -150,20 +155,35 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
     per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
     # one row per continuation, batched across prompts; held-out prompts get one greedy row each
     size = gen_batch(model_device(model))
-    batches = [(cfg.temperature, b) for b in _length_batches([i for i in train_prompts for _ in range(per_prompt)],
-                                                             encoded, size)]
-    batches += [(0.0, b) for b in _length_batches([i for i in held_list if i in encoded], encoded, size)]
+    held_batches = _length_batches([i for i in held_list if i in encoded], encoded, size)
+    rows = [i for i in train_prompts for _ in range(per_prompt)]
+    asked = len(rows) + sum(len(b) for b in held_batches)
+    if limits.until is None and (limits.max_rows is None or asked <= limits.max_rows):
+        train_batches = _length_batches(rows, encoded, size)
+    else:
+        train_batches = [b for r in range(per_prompt) for b in _shuffled(_length_batches(train_prompts, encoded, size),
+                                                                        cfg.seed * 1_000_003 + r)]
+    batches = [(0.0, b) for b in held_batches] + [(cfg.temperature, b) for b in train_batches]
     total = sum(len(b) for _, b in batches)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # greedy rows draw nothing: held-out first leaves the rest as was
     train: list[_Seq] = []
     held: list[_Seq] = []
-    done = 0
-    for temperature, batch in batches:
+    done, cut = 0, None
+    for k, (temperature, batch) in enumerate(batches):
+        if k > len(held_batches):  # past the first training batch
+            if limits.out_of_time():
+                cut = "time"
+            elif limits.max_rows is not None and done + len(batch) > limits.max_rows:
+                cut = limits.bound_by
+            if cut:
+                progress("generate", done, done, None)
+                break
         for i, seq in zip(batch, _continue(model, [encoded[i] for i in batch], cfg.seq_len, temperature, end_ids,
                                            gen, taps)):
             (held if i in held_groups else train).append(seq)
         done += len(batch)
         progress("generate", done, total, None)
+    made = len(train)
     windows: dict[bool, list[list[int]]] = {False: [], True: []}
     for i, (kind, text) in enumerate(groups):
         if kind == "doc":
@@ -181,8 +201,14 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
             "prompts_skipped": skipped,
             "prompts_train": len(train_prompts), "prompts_heldout": sum(1 for i in held_list if i in encoded),
             "documents_heldout": sum(1 for i in held_list if groups[i][0] == "doc"),
-            "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt}
+            "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt,
+            "continuations_asked": len(rows), "continuations_made": made, "generation_cut": cut}
     return train, held, info
+
+
+def _shuffled(batches: list[list[int]], seed: int) -> list[list[int]]:
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [batches[k] for k in order]
 
 
 def choose_draft_vocab(sequences: Sequence[tuple[Sequence[int], int]], vocab_size: int, n: int | None,
@@ -292,11 +318,12 @@ def vocab_coverage(sequences: Sequence[tuple[Sequence[int], int]], t2d: torch.Te
 
 def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
           prompts: Sequence[str], docs: Sequence[str], end_ids: list[int], taps: Sequence[int],
-          report: Progress, vocab: tuple[torch.Tensor, torch.Tensor] | None = None, compute: str = "float32"
-          ) -> dict:
+          report: Progress, vocab: tuple[torch.Tensor, torch.Tensor] | None = None, compute: str = "float32",
+          limits: DataLimits = DataLimits()) -> dict:
     """The run's cache: read back when resuming, else generated, cached and saved (atomically) at ``path``.
     ``vocab``: (d2t, t2d) to keep (a warm start's head's), else chosen from the training data. ``compute``:
-    the target's decoder's precision while it generates (``generating``)."""
+    the target's decoder's precision while it generates (``generating``). ``limits``: where generating stops
+    early (``eagle_budget``)."""
     if resume and path.is_file():
         cached = torch.load(path, weights_only=True)
         if cached["fingerprint"] != fingerprint:
@@ -309,10 +336,11 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     writer = generating(model, compute)
     written = write_prompts(writer, tok, cfg.self_prompts, end_ids, torch.Generator().manual_seed(cfg.seed), taps,
                             exclude=prompts, batch=gen_batch(model_device(model)),
-                            max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2),
-                            progress=report) if cfg.self_prompts else []  # half the sequence left for a reply
+                            max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2), progress=report,
+                            until=limits.prompts_until) if cfg.self_prompts else []  # half the sequence for a reply
     times = {"prompts": time.perf_counter() - t0}
-    train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written)
+    train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written,
+                                                   limits)
     times["generate"] = time.perf_counter() - t0 - times["prompts"]
     predicted = [(q.tokens, q.start) for q in train_seqs]
     if vocab is None:

@@ -9,6 +9,7 @@ another, and they read like chat requests (coherent or not: it is the model's ow
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,18 +55,21 @@ def _key(text: str) -> str:
 
 def write_prompts(model: Any, tok: Any, n: int, end_ids: Sequence[int], gen: torch.Generator, taps: Sequence[int],
                   exclude: Sequence[str] = (), batch: int = 128, max_tokens: int = MESSAGE_TOKENS,
-                  progress: Callable[[str, int, int, float | None], None] | None = None) -> list[str]:
+                  progress: Callable[[str, int, int, float | None], None] | None = None, until: float | None = None
+                  ) -> list[str]:
     """Up to ``n`` distinct user messages the target (``model``, as it generates) writes after its template's
     user-turn prefix, in batches of ``batch`` rows; a message must end (an end id within ``max_tokens``), hold
     MIN_WORDS words and differ from the others and from ``exclude`` (case and spacing aside). Stops after
     DRAWS_PER_PROMPT · n rows, so a model that rarely ends its messages yields fewer. Reports
-    ``progress("prompts", kept, n, None)`` after each batch."""
+    ``progress("prompts", kept, n, None)`` after each batch. ``until``: a ``time.perf_counter()`` reading after
+    which no further batch starts (the first always runs)."""
     prefix, closers = user_turn(tok)
     ends = sorted(set(end_ids) | set(closers))
     seen = {_key(p) for p in exclude}
     kept: list[str] = []
     drawn = 0
-    while len(kept) < n and drawn < DRAWS_PER_PROMPT * n:
+    while len(kept) < n and drawn < DRAWS_PER_PROMPT * n and not (drawn and until is not None and
+                                                                 time.perf_counter() >= until):
         rows = min(batch, DRAWS_PER_PROMPT * n - drawn)
         for q in _continue(model, [prefix] * rows, len(prefix) + max_tokens, TEMPERATURE, ends, gen, taps):
             message = q.tokens[len(prefix):]

@@ -14,13 +14,14 @@ token j+2).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 
 from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head, tap_layers
+from .eagle_budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
 from .eagle_checkpoint import config_json, save_eagle3
 from .eagle_data import (
     BatchSampler,
@@ -52,9 +54,9 @@ WRITTEN_NAME = "prompts-written.json"  # --self-prompts' prompts
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed at the end unless kept
 CACHE_NAME = "cache.pt"
 CHECKPOINT_NAME = "checkpoint.pt"
-# Fields that change neither the data nor the optimisation (compute: only their rounding): a resumed run may set
-# them differently.
-_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute", "device")
+# Fields that change neither the data nor the optimisation (compute: only their rounding; time_limit: a resumed run
+# keeps the step count its checkpoint planned): a resumed run may set them differently.
+_RESUME_FREE = ("checkpoint_every", "keep_checkpoint", "dtype", "compute", "device", "time_limit")
 
 
 
@@ -105,6 +107,8 @@ class EagleTrainConfig:
     # else the CPU), cpu, cuda or cuda:N. The data cache stays in host memory either way
     layers: int = 1  # decoder layers of a new head: the EAGLE-3 layer, then standard ones (speculators' stacked
     # heads, saved in its format); an --init head keeps its own count
+    time_limit: float | None = None  # minutes of wall time for the whole run (eagle_budget): data stops at about half,
+    # the step count is fitted to the rest (steps then a maximum) and the run stops at the limit with the head it has
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -112,6 +116,8 @@ class EagleTrainConfig:
         _int("batch_size", self.batch_size, 1)
         _int("ttt_steps", self.ttt_steps, 1, 16)
         _int("layers", self.layers, 1, 8)
+        if self.time_limit is not None:
+            _real("time_limit", self.time_limit, 0.0, math.inf, low_open=True, high_open=True)
         _int("seq_len", self.seq_len, self.ttt_steps + 3)  # room for one full chain after a root
         if self.draft_vocab is not None:
             _int("draft_vocab", self.draft_vocab, 1)
@@ -223,6 +229,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     cfg = config
     if not isinstance(cfg, EagleTrainConfig):
         raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
+    t_start = time.perf_counter()  # a time limit counts from here: reading a GGUF is part of the run
     device = resolve_device(cfg.device)  # before anything is read or written
     compute = resolve_compute(cfg.compute, device)
     source = Path(target_dir).expanduser()
@@ -244,7 +251,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise ConfigError("eagle train: prompts must be non-empty strings")
     report: Progress = progress or (lambda phase, done, total, loss: None)
 
-    t_start = time.perf_counter()
     target_config = load_config(str(source))
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
@@ -268,8 +274,10 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     taps = tap_layers(target_config.num_hidden_layers)
 
     with torch.random.fork_rng(devices=[]):
+        limit = TimeLimit.minutes(cfg.time_limit, t_start)
+        limits = data_limits(limit, work, cfg.seq_len, target_config.hidden_size, cfg.topk)
         cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps,
-                               report, None if init is None else init[2:], compute)
+                               report, None if init is None else init[2:], compute, limits)
         d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
         train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
         targets = torch.arange(len(d2t)) + d2t
@@ -295,23 +303,44 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
             heldout_init = evaluate(head, embed, d2t_on, t2d_on, held, cfg)
             times["evaluate_init"] = time.perf_counter() - t0
             start, history, train_s = 0, [], 0.0
-        if start:
-            report("train", start, cfg.steps, None)
 
         sampler = BatchSampler(train.length, cfg.batch_size, cfg.seed)
+        plan = {"steps": cfg.steps} if state is None else state.get("plan", {"steps": cfg.steps})
+        def tokens(k: int) -> int:  # token rows step k computes
+            return padded_tokens(sampler.lengths, sampler.batch(k))
+
+        if limit is not None:  # a resumed run keeps its schedule (its plan's steps) and times only its reserve
+            probe = copy.deepcopy(head)  # timed steps, whole, on copies: nothing the run keeps changes
+            probe_opt = optimizer(probe, cfg)
+            probe_opt.load_state_dict(opt.state_dict())
+            timed = plan_training(lambda k: train_step(probe, probe_opt, embed, t2d_on,
+                                                       train.batch(sampler.batch(k), device), cfg, compute, k),
+                                  tokens, start, cfg.steps, limit, device,
+                                  plan.get("evaluate_s", times.get("evaluate_init")),
+                                  in_order_tokens(held.length.tolist(), cfg.batch_size))
+            del probe, probe_opt
+            plan = timed if state is None else {**timed, "steps": plan["steps"]}
+        run = replace(cfg, steps=plan["steps"])  # the schedule the steps follow
+        if start:
+            report("train", start, run.steps, None)
         weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
-        for step in range(start, cfg.steps):
+        stopped_at = None
+        for step in range(start, run.steps):
+            if limit is not None and step > start and limit.left() < plan["reserve_s"] + plan["s_per_token"] * (
+                    tokens(step)):  # over the plan: the head as it is, checked and saved within the limit
+                stopped_at = step
+                break
             t0 = time.perf_counter()
-            losses = train_step(head, opt, embed, t2d_on, train.batch(sampler.batch(step), device), cfg, compute,
+            losses = train_step(head, opt, embed, t2d_on, train.batch(sampler.batch(step), device), run, compute,
                                 step)
             train_s += time.perf_counter() - t0
             history.append(losses)
             if (step + 1) % cfg.checkpoint_every == 0:
                 save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
                               "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
-                              "history": history, "train_s": train_s, "init": heldout_init},
+                              "history": history, "train_s": train_s, "init": heldout_init, "plan": plan},
                              work / CHECKPOINT_NAME)
-            report("train", step + 1, cfg.steps, sum(w * v for w, v in zip(weights, losses)))
+            report("train", step + 1, run.steps, sum(w * v for w, v in zip(weights, losses)))
 
         t0 = time.perf_counter()
         saved = saved_copy(head, cfg.dtype).to(device)
@@ -333,6 +362,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                  "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
         "heldout_init": heldout_init, "heldout": heldout,
         "resumed_from": start or None, "compute": compute, "device": _device_name(device),
+        "time_limit": None if cfg.time_limit is None else {**plan, "stopped_at_step": stopped_at,
+                                                           "minutes": cfg.time_limit},
         "time_s": {**times, "total_this_run": time.perf_counter() - t_start},
         "versions": _versions(),
     }
