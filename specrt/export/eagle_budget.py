@@ -82,18 +82,6 @@ def row_bytes(seq_len: int, target_hidden: int, topk: int) -> tuple[int, int]:
             seq_len * (3 * target_hidden * 2 + topk * 6 + 8) + 12)
 
 
-def available_memory() -> int | None:
-    """Bytes the kernel can hand out without swapping (``MemAvailable``), None where /proc/meminfo is not."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def free_disk(path: Path) -> int:
     """Bytes free on the file system ``path`` would be written to (its nearest existing ancestor's)."""
     path = Path(os.path.abspath(path))
@@ -107,6 +95,8 @@ def data_limits(limit: TimeLimit | None, cache_dir: Path, seq_len: int, target_h
     """The run's :class:`DataLimits`: its time limit's deadlines, and as many sequences as fit in ``memory``
     (default: what is available now) while generated and cached at once, and on ``disk`` (default: free at
     ``cache_dir``) once cached."""
+    from ..runtime.backends.onnxruntime import available_memory  # (MemAvailable; None off Linux)
+
     gen, cached = row_bytes(seq_len, target_hidden, topk)
     memory = available_memory() if memory is None else memory
     caps = {"disk": int(DISK_USE * (free_disk(cache_dir) if disk is None else disk)) // cached}

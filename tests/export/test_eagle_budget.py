@@ -76,7 +76,9 @@ def test_a_cache_rows_bytes_are_what_the_cache_holds():
     assert cached == c.nbytes()
 
 
-def test_the_data_bound_is_the_tighter_of_memory_and_disk(tmp_path):
+def test_the_data_bound_is_the_tighter_of_memory_and_disk(tmp_path, monkeypatch):
+    from specrt.runtime.backends import onnxruntime as ortb
+
     gen, cached = eb.row_bytes(256, 576, 64)
     lim = eb.data_limits(None, tmp_path / "not-yet" / ".train", 256, 576, 64, memory=10 * 2**30, disk=2**40)
     assert (lim.bound_by, lim.max_rows) == ("memory", int(0.8 * 10 * 2**30) // (gen + cached))
@@ -85,6 +87,10 @@ def test_the_data_bound_is_the_tighter_of_memory_and_disk(tmp_path):
     assert (lim.bound_by, lim.max_rows) == ("disk", int(0.9 * 2**30) // cached)
     assert (lim.prompts_until, lim.until) == (10.0, 30.0) and lim.out_of_time()
     assert eb.free_disk(tmp_path / "a" / "b") == eb.free_disk(tmp_path) > 0  # a folder not made yet: its parent's
+    monkeypatch.setattr(ortb, "available_memory", lambda: None)  # off Linux: the disk alone bounds the data
+    assert eb.data_limits(None, tmp_path, 256, 576, 64, disk=2**30).bound_by == "disk"
+    monkeypatch.setattr(ortb, "available_memory", lambda: 2**20)  # read when not given
+    assert eb.data_limits(None, tmp_path, 256, 576, 64, disk=2**40).max_rows == 0
 
 
 def test_steps_are_timed_but_the_first():
@@ -124,6 +130,9 @@ def test_a_memory_bound_spreads_the_replies_over_the_prompts(target, monkeypatch
     assert len(per_prompt) == 8 and max(per_prompt.values()) - min(per_prompt.values()) <= 1
     _, _, unbounded = _build(target, eb.DataLimits(max_rows=1000, bound_by="memory"))
     assert unbounded["generation_cut"] is None and unbounded["continuations_made"] == 40
+    with pytest.raises(ConfigError, match=r"held-out replies and one batch of training replies \(6 sequences .* more "
+                                          r"disk than this host has \(room for 5\)"):
+        _build(target, eb.DataLimits(max_rows=5, bound_by="disk"))  # refused before any reply is written
 
 
 def test_self_prompts_stop_at_their_deadline_after_one_batch(monkeypatch):
