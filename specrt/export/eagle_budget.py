@@ -4,9 +4,9 @@
 Under a limit the run is sized by what it measures instead of by guesses: the target writes prompts and replies
 until its share of the limit is spent (held-out replies first, always whole), then a few training steps timed on a
 copy price a token row, the batches to come (known in advance) say how many steps fit before the held-out check
-and the save, and the learning-rate schedule is laid over those steps. A run that overruns its plan anyway stops at the limit and saves the head it has. Without a limit the
-data still stops where the host's memory or the cache's disk would run out, rather than failing after hours of
-generating."""
+and the save, and the learning-rate schedule is laid over those steps. A run that overruns its plan anyway stops
+at the limit and saves the head it has. Without a limit the data still stops where the host's memory or the
+cache's disk would run out, rather than failing after hours of generating."""
 
 from __future__ import annotations
 
@@ -148,10 +148,9 @@ def plan_training(step: Callable[[int], object], tokens: Callable[[int], int], s
                   limit: TimeLimit, device: torch.device, evaluate_s: float | None, eval_tokens: int) -> dict:
     """The training steps ``start``.. that fit what is left of ``limit``: the next steps, run on a copy
     (:func:`time_steps`), price a token row, each later step costs its batch's rows (``tokens(step)``), and the
-    held-out check's time
-    (``evaluate_s`` as the run's first one took, else priced from ``eval_tokens``) and the save are kept.
-    Returns the plan training.json records: steps (the last step's index + 1), s_per_token, step_s (the planned
-    steps' mean), reserve_s, evaluate_s."""
+    held-out check's time (``evaluate_s`` as the run's first one took, else priced from ``eval_tokens``) and the
+    save are kept. Returns the plan training.json records: steps (the last step's index + 1), s_per_token, step_s
+    (the planned steps' mean), reserve_s, evaluate_s."""
     timed = time_steps(step, range(start, min(max_steps, start + PROBE_STEPS)), device)
     rate = sum(s for _, s in timed) / max(1, sum(tokens(k) for k, _ in timed))
     check = EVAL_FRACTION * rate * eval_tokens if evaluate_s is None else evaluate_s

@@ -306,8 +306,13 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
         sampler = BatchSampler(train.length, cfg.batch_size, cfg.seed)
         plan = {"steps": cfg.steps} if state is None else state.get("plan", {"steps": cfg.steps})
+
         def tokens(k: int) -> int:  # token rows step k computes
             return padded_tokens(sampler.lengths, sampler.batch(k))
+
+        def past_plan(k: int) -> bool:  # step k would eat into the time kept for the check and the save
+            return (limit is not None and k > start
+                    and limit.left() < plan["reserve_s"] + plan["s_per_token"] * tokens(k))
 
         if limit is not None:  # a resumed run keeps its schedule (its plan's steps) and times only its reserve
             probe = copy.deepcopy(head)  # timed steps, whole, on copies: nothing the run keeps changes
@@ -326,8 +331,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
         stopped_at = None
         for step in range(start, run.steps):
-            if limit is not None and step > start and limit.left() < plan["reserve_s"] + plan["s_per_token"] * (
-                    tokens(step)):  # over the plan: the head as it is, checked and saved within the limit
+            if past_plan(step):  # the head as it is, checked and saved within the limit
                 stopped_at = step
                 break
             t0 = time.perf_counter()
