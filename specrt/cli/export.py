@@ -329,11 +329,14 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,
                              resume=resume)
-    held = record["heldout"]
-    click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f}, "
-               f"{held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
-               f"(trained in {record['compute']} on {record['device']}, "
+    held, before = record["heldout"], record["heldout_init"]
+    click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f} (from "
+               f"{before['alpha1']:.3f}), {held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
+               f"(from {before['tokens_per_pass']:.2f}; trained in {record['compute']} on {record['device']}, "
                f"{record['time_s']['total_this_run'] / 60:.0f} min)")
+    if init and held["tokens_per_pass"] < before["tokens_per_pass"]:
+        click.echo(f"note: {init} drafted better on these held-out replies than the new head: train on more data "
+                   "(or fewer steps over it), or keep the old one", err=True)
     for line in _limits_said(record):
         click.echo(line)
     if self_prompts:

@@ -224,3 +224,21 @@ def test_the_cli_takes_a_time_limit_and_says_what_it_planned(target, tmp_path):
         assert r.exit_code == 2 and "--time-limit" in r.output and not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="time_limit"):
         EagleTrainConfig(time_limit=float("inf"))
+
+
+def test_the_cli_says_when_a_warm_start_ends_worse_than_it_began(target, tmp_path, monkeypatch):
+    """A short or data-poor run can leave an --init head worse on the held-out replies; the closing lines say so."""
+    import specrt.export.eagle_train as et
+
+    def fake(model, output, cfg, **kwargs):
+        return {"heldout": {"alpha1": 0.474, "tokens_per_pass": 1.79}, "compute": "float32", "device": "cpu",
+                "heldout_init": {"alpha1": 0.502, "tokens_per_pass": 1.85}, "time_s": {"total_this_run": 60.0},
+                "data": {"generation_cut": None}, "time_limit": None}
+
+    monkeypatch.setattr(et, "train_eagle", fake)
+    args = ["eagle", "train", str(target), "-o", str(tmp_path / "h")]
+    r = CliRunner().invoke(main, [*args, "--init", str(tmp_path / "old")])
+    assert r.exit_code == 0, r.output
+    assert "first draft 0.474 (from 0.502), 1.79 tokens per target pass at depth 3 (from 1.85;" in r.output
+    assert f"note: {tmp_path / 'old'} drafted better on these held-out replies than the new head" in r.output
+    assert "note:" not in CliRunner().invoke(main, args).output  # a fresh head: nothing to compare with
