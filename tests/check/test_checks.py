@@ -145,7 +145,7 @@ def test_verify_cli_reports_pass_fail(close_bundle):
     if c >= 1.0:
         assert line.startswith("FAIL")
     best = float(re.search(r"best predicted speedup ([0-9.]+)x", line).group(1))
-    assert line.startswith("FAIL") == (best <= 1.0) and best < 1.1
+    assert line.startswith("FAIL") == (best <= 1.0)  # (no bound on best itself: it follows the timed c)
     assert res.exit_code == (1 if "FAIL" in res.output else 0)
 
 
