@@ -317,7 +317,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if limit is not None:  # a resumed run keeps its schedule (its plan's steps) and times only its reserve
             probe = copy.deepcopy(head)  # timed steps, whole, on copies: nothing the run keeps changes
             probe_opt = optimizer(probe, cfg)
-            probe_opt.load_state_dict(opt.state_dict())
+            probe_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # (loading shares the state tensors)
             timed = plan_training(lambda k: train_step(probe, probe_opt, embed, t2d_on,
                                                        train.batch(sampler.batch(k), device), cfg, compute, k),
                                   tokens, start, cfg.steps, limit, device,

@@ -191,8 +191,11 @@ def test_a_limited_run_planned_at_n_steps_trains_the_head_an_n_step_run_does(tar
 
 
 def test_a_resumed_run_keeps_the_plan_its_checkpoint_made(target, tmp_path, monkeypatch):
+    """...and ends with the head the uninterrupted run trains: its timed steps touch copies, never the optimizer's
+    restored state."""
     out = tmp_path / "head"
     monkeypatch.setattr(eb, "plan_steps", lambda costs, left, reserve, most: 12)
+    whole = train_eagle(target, tmp_path / "whole", replace(SMALL, time_limit=30.0), prompts=PROMPTS)
 
     def stop_at_6(phase, done, total, loss):
         if phase == "train" and done == 6:
@@ -203,7 +206,9 @@ def test_a_resumed_run_keeps_the_plan_its_checkpoint_made(target, tmp_path, monk
     monkeypatch.setattr(eb, "plan_steps", lambda costs, left, reserve, most: 29)  # a new plan is not taken
     record = train_eagle(target, out, replace(SMALL, time_limit=20.0), prompts=PROMPTS, resume=True)
     assert record["resumed_from"] == 5 and record["time_limit"]["steps"] == 12
-    assert len(record["loss"]["history"]) == 12
+    assert len(record["loss"]["history"]) == 12 and record["loss"]["history"] == whole["loss"]["history"]
+    a, b = load_eagle3(out)[1], load_eagle3(tmp_path / "whole")[1]
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 # ------------------------------------------------------------------------------------------ the CLI
