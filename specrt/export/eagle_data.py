@@ -157,13 +157,13 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
     size = gen_batch(model_device(model))
     held_batches = _length_batches([i for i in held_list if i in encoded], encoded, size)
     rows = [i for i in train_prompts for _ in range(per_prompt)]
-    asked = len(rows) + sum(len(b) for b in held_batches)
-    least = sum(len(b) for b in held_batches) + min(size, len(rows))  # never cut: held-out, one training batch
+    held_rows = sum(len(b) for b in held_batches)
+    least = held_rows + min(size, len(rows))  # never cut: held-out, one training batch
     if limits.max_rows is not None and least > limits.max_rows:
         raise ConfigError(f"eagle train: the held-out replies and one batch of training replies ({least} sequences "
                           f"of up to {cfg.seq_len} tokens) need more {limits.bound_by} than this host has (room for "
                           f"{limits.max_rows}); lower --seq-len or give fewer prompts")
-    if limits.until is None and (limits.max_rows is None or asked <= limits.max_rows):
+    if limits.until is None and (limits.max_rows is None or held_rows + len(rows) <= limits.max_rows):
         train_batches = _length_batches(rows, encoded, size)
     else:
         train_batches = [b for r in range(per_prompt) for b in _shuffled(_length_batches(train_prompts, encoded, size),
