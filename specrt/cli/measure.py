@@ -256,7 +256,8 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
       alone), total-variation distance under a stated threshold, widened by how far one-row passes alone move
       that distribution on a quantized target (shown): the EAGLE-3 chain and tree, else the draft; the draws
       share the prompt's K/V;
-    - the draft pays for itself: best predicted speedup at the measured α and c above 1, with what this
+    - the draft pays for itself: best predicted speedup at the measured α and c (a draft pass over a plain
+      one-row pass, both timed in the loop, as bench reports it) above 1, with what this
       backend's verify passes cost by row count (a draft with a shifted vocabulary cannot change the
       output, only this figure; a sound one can still lose to dear multi-row passes, and it says so).
     Each line prints as its check ends; a bar shows the sampled checks' draws.

@@ -142,10 +142,11 @@ def test_verify_cli_reports_pass_fail(close_bundle):
     # the verdict is held to the theory at the c it printed: at c >= 1 nothing pays, whatever α and verify cost.
     line = next(x for x in res.output.splitlines() if "draft pays for itself" in x)
     c = float(re.search(r", c ([0-9.]+)", line).group(1))
-    if c >= 1.0:
-        assert line.startswith("FAIL")
     best = float(re.search(r"best predicted speedup ([0-9.]+)x", line).group(1))
-    assert line.startswith("FAIL") == (best <= 1.0)  # (no bound on best itself: it follows the timed c)
+    assert line.startswith("FAIL") == (best <= 1.0)
+    # c is a draft pass over a plain one-row pass of the same size (measured 1.0-1.24): half that already fails
+    # the verdict. Timing a verify pass in the loop against the engine-only verify curve once gave 0.16 (PASS).
+    assert c > 0.5 and line.startswith("FAIL")
     assert res.exit_code == (1 if "FAIL" in res.output else 0)
 
 
@@ -238,14 +239,14 @@ def test_check_greedy_passes_row_count_ties_and_fails_real_differences(monkeypat
 
     plain, spec = [10, 11, 12, 13], [10, 11, 99, 13]
     result = lambda ids: types.SimpleNamespace(token_ids=ids, stats=types.SimpleNamespace(  # noqa: E731
-        alpha_estimate=0.5, target_passes=3, c=0.1))
+        alpha_estimate=0.5, target_passes=3, draft_s=0.3, draft_passes=6))
     monkeypatch.setattr(V, "_generate", lambda gen, prompt, chat, method, **o: result(plain if method == "none" else spec))
     monkeypatch.setattr(V, "_encode", lambda gen, prompt, chat: [1, 2])
     seen = []
     monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (seen.append((ids, a, b, rows)), (True, 0.01, 0.3))[1])
     ch, alpha, c = V.check_greedy(None, "eagle", ["p"], 4, 2)
     assert ch.passed and ch.figures["row_count_ties"] == 1 and "near-tie" in ch.detail
-    assert seen == [([1, 2, 10, 11], 12, 99, 3)] and alpha == 0.5
+    assert seen == [([1, 2, 10, 11], 12, 99, 3)] and alpha == 0.5 and c == pytest.approx(0.05)
     monkeypatch.setattr(V, "row_count_tie", lambda gen, ids, a, b, rows: (False, 4.2, 0.3))
     ch, *_ = V.check_greedy(None, "eagle", ["p"], 4, 2)
     assert not ch.passed and "prompt 0 differs at token 2" in ch.detail
