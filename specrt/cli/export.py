@@ -289,6 +289,11 @@ def eagle() -> None:
               help="Where the target generates and the head trains. auto: the first CUDA GPU when this torch sees "
                    "one, else the CPU. The data cache stays in host memory (about 1 MB per sequence of 256 "
                    "tokens on a 576-wide target); a run resumes on another device.")
+@click.option("--heldout", "heldout_fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.1, show_default=True, metavar="FRACTION",
+              help="Share of the prompts held out whole: the target answers each once, greedily, and the head's "
+                   "acceptance before and after is measured on those replies. They are written first and never "
+                   "cut, so under a short --time-limit a smaller share leaves more of it for training.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
               help="Fit the whole run in this much wall time: the target writes prompts and replies for about half "
                    "of it (held-out replies first, whole), then timed steps set how many training steps fit before "
@@ -297,7 +302,7 @@ def eagle() -> None:
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str,
-                self_prompts: int, device: str, layers: int, time_limit: float | None) -> None:
+                self_prompts: int, device: str, layers: int, heldout_fraction: float, time_limit: float | None) -> None:
     """Train an EAGLE-3 head for the frozen local MODEL (a Hugging Face folder or a llama.cpp GGUF), on text the
     target writes itself (never a download).
 
@@ -322,7 +327,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                            draft_vocab=draft_vocab or None, ttt_steps=ttt_steps, seed=seed,
                            num_sequences=num_sequences, init=init, keep_checkpoint=keep_checkpoint, compute=compute,
-                           self_prompts=self_prompts, device=device, layers=layers, time_limit=time_limit)
+                           self_prompts=self_prompts, device=device, layers=layers, time_limit=time_limit,
+                           heldout_fraction=heldout_fraction)
     prompts = read_prompts(prompts_file) if prompts_file else None
     where = resolve_device(device)  # said before the long work starts (train_eagle resolves it the same way)
     click.echo(f"eagle train: on {where}, {resolve_compute(compute, where)} matmuls", err=True)
@@ -330,10 +336,11 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,
                              resume=resume)
     held, before = record["heldout"], record["heldout_init"]
+    replies = record["data"].get("sequences_heldout")
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f} (from "
                f"{before['alpha1']:.3f}), {held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
-               f"(from {before['tokens_per_pass']:.2f}; trained in {record['compute']} on {record['device']}, "
-               f"{record['time_s']['total_this_run'] / 60:.0f} min)")
+               f"(from {before['tokens_per_pass']:.2f}{f' over {replies} held-out sequences' if replies else ''}; "
+               f"trained in {record['compute']} on {record['device']}, {record['time_s']['total_this_run'] / 60:.0f} min)")
     if init and held["tokens_per_pass"] < before["tokens_per_pass"]:
         click.echo(f"note: {init} drafted better on these held-out replies than the new head: train on more data "
                    "(or fewer steps over it), or keep the old one", err=True)

@@ -214,19 +214,24 @@ def test_a_resumed_run_keeps_the_plan_its_checkpoint_made(target, tmp_path, monk
 # ------------------------------------------------------------------------------------------ the CLI
 
 
-def test_the_cli_takes_a_time_limit_and_says_what_it_planned(target, tmp_path):
+def test_the_cli_takes_a_time_limit_and_a_held_out_share_and_says_what_it_planned(target, tmp_path):
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps(PROMPTS))
     out = tmp_path / "head"
     r = CliRunner().invoke(main, ["eagle", "train", str(target), "-o", str(out), "--prompts", str(prompts),
                                   "--steps", "6", "--seq-len", "32", "--sequences", "16", "--draft-vocab", "64",
-                                  "--batch-size", "4", "--compute", "float32", "--time-limit", "20"])
+                                  "--batch-size", "4", "--compute", "float32", "--time-limit", "20", "--heldout", "0.3"])
     assert r.exit_code == 0, r.output
     assert "steps: 6 of the 6 allowed, planned 6 at" in r.output and "to end within 20 min" in r.output
-    assert json.loads((out / "training.json").read_text())["config"]["time_limit"] == 20.0
-    for bad in ("0", "-3", "soon"):
-        r = CliRunner().invoke(main, ["eagle", "train", str(target), "-o", str(tmp_path / "x"), "--time-limit", bad])
-        assert r.exit_code == 2 and "--time-limit" in r.output and not (tmp_path / "x").exists()
+    record = json.loads((out / "training.json").read_text())
+    assert record["config"]["time_limit"] == 20.0 and record["config"]["heldout_fraction"] == 0.3
+    # 3 of the 10 prompts held out (the default 0.1: one), one greedy reply each
+    assert record["data"]["prompts_heldout"] == 3 and record["data"]["sequences_heldout"] == 3
+    assert "(from " in r.output and " over 3 held-out sequences;" in r.output
+    for option, bad in (("--time-limit", "0"), ("--time-limit", "-3"), ("--time-limit", "soon"), ("--heldout", "0"),
+                        ("--heldout", "1"), ("--heldout", "a tenth")):
+        r = CliRunner().invoke(main, ["eagle", "train", str(target), "-o", str(tmp_path / "x"), option, bad])
+        assert r.exit_code == 2 and option in r.output and not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="time_limit"):
         EagleTrainConfig(time_limit=float("inf"))
 
