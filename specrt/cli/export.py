@@ -340,7 +340,8 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f} (from "
                f"{before['alpha1']:.3f}), {held['tokens_per_pass']:.2f} tokens per target pass at depth {ttt_steps} "
                f"(from {before['tokens_per_pass']:.2f}{f' over {replies} held-out sequences' if replies else ''}; "
-               f"trained in {record['compute']} on {record['device']}, {record['time_s']['total_this_run'] / 60:.0f} min)")
+               f"trained in {record['compute']} on {record['device']}, "
+               f"{record['time_s']['total_this_run'] / 60:.0f} min)")
     if init and held["tokens_per_pass"] < before["tokens_per_pass"]:
         click.echo(f"note: {init} drafted better on these held-out replies than the new head: train on more data "
                    "(or fewer steps over it), or keep the old one", err=True)

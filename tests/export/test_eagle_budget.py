@@ -220,7 +220,8 @@ def test_the_cli_takes_a_time_limit_and_a_held_out_share_and_says_what_it_planne
     out = tmp_path / "head"
     r = CliRunner().invoke(main, ["eagle", "train", str(target), "-o", str(out), "--prompts", str(prompts),
                                   "--steps", "6", "--seq-len", "32", "--sequences", "16", "--draft-vocab", "64",
-                                  "--batch-size", "4", "--compute", "float32", "--time-limit", "20", "--heldout", "0.3"])
+                                  "--batch-size", "4", "--compute", "float32", "--time-limit", "20",
+                                  "--heldout", "0.3"])
     assert r.exit_code == 0, r.output
     assert "steps: 6 of the 6 allowed, planned 6 at" in r.output and "to end within 20 min" in r.output
     record = json.loads((out / "training.json").read_text())
