@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, SpecrtError
+from ..runtime.backends.onnxruntime import available_memory
 
 DEFAULT_BYTES = 512 * 2**20
 MIN_BYTES = 2**20
 CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
-MEMINFO = Path("/proc/meminfo")
 
 
 class ProbeUnavailable(SpecrtError):
@@ -84,21 +84,12 @@ def last_level_cache_bytes(cache_dir: Path = CACHE_SYSFS) -> int | None:
     return max(sizes, default=None)
 
 
-def available_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
-    """MemAvailable from /proc/meminfo; None where it cannot be read."""
-    try:
-        m = re.search(r"^MemAvailable:\s*(\d+) kB", meminfo.read_text(), re.M)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
-
-
 def host_bandwidth(array_bytes: int | None = None, repeats: int = 3, threads: int | None = None) -> Bandwidth:
     """Read (sum) and copy bandwidth of host memory, best of ``repeats``, one thread per core."""
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
     threads = threads or os.cpu_count() or 1
-    size = probe_bytes(last_level_cache_bytes(), available_memory_bytes(), array_bytes)
+    size = probe_bytes(last_level_cache_bytes(), available_memory(), array_bytes)
     buf = np.empty(size // 8)  # read: all of it; copy: first half -> second half (no second array)
     half = buf.size // 2
     chunks = np.array_split(buf, threads)

@@ -25,7 +25,8 @@ def test_probe_arithmetic_by_hand(tmp_path):
     assert bw.last_level_cache_bytes(tmp_path) == 36 * MiB
     assert bw.last_level_cache_bytes(tmp_path / "missing") is None
     (tmp_path / "meminfo").write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
-    assert bw.available_memory_bytes(tmp_path / "meminfo") == 20000000 * 1024
+    assert bw.available_memory(tmp_path / "meminfo") == 20000000 * 1024  # the runtime's reader
+    assert bw.available_memory(tmp_path / "missing") is None
     with pytest.raises(ConfigError):
         bw.Bandwidth("given", 0.0)
 

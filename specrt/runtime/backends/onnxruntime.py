@@ -84,10 +84,10 @@ def plan_memory(file_bytes: int, external_bytes: int, dtype: str, available: int
                             f"{available / gb:.1f} GB available")
 
 
-def available_memory() -> int | None:
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """MemAvailable from /proc/meminfo in bytes; None where there is none (not Linux)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
