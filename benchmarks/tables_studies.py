@@ -193,6 +193,27 @@ table("verify-cost-integer-kernel-zen4-cpu", "verify-cost-integer-kernel-zen4-cp
 table("verify-cost-integer-kernel-1b-zen4-cpu", "verify-cost-integer-kernel-1b-zen4-cpu.json")(verify_cost)
 
 
+@table("matmul-stream-xeon-cpu", "matmul-stream-xeon-cpu.json")
+def matmul_stream(data: dict) -> str:
+    """benchmarks/matmul_stream.py: a whole target pass beside its matmuls alone, medians over rounds."""
+    read, rows = data["read_gbps"], []
+    for name, b in data["bundles"].items():
+        cells = []
+        for q in map(str, data["rows"]):
+            whole, alone = b["pass_ms"][q], b["matmuls_ms"][q]
+            gbps = b["matmul_weight_bytes"] / alone / 1e6
+            cut = f"{b['cut_ms'][q]:.2f} ms ({b['cut_ms'][q] / whole:.0%})" if "cut_ms" in b else "–"
+            cells += [f"{whole:.2f} ms", f"{alone:.2f} ms ({alone / whole:.0%})",
+                      f"{gbps:.1f} GB/s ({gbps / read:.0%})", cut]
+        rows.append([name, b["weights"], f"{b['matmul_weight_bytes'] / 1e6:.0f} MB", *cells])
+    head = []
+    for q in data["rows"]:
+        r = f"{q} row{'s' * (q != 1)}"
+        head += [f"pass, {r}", f"matmuls alone, {r} (share)", f"their weights read at, {r} (of {read:.1f} GB/s)",
+                 f"pass without its activation ops, {r}"]
+    return _md(["bundle", "weights", "matmul weights", *head], rows)
+
+
 @table("verify-cost-h200", "verify-cost-h200.json")
 def verify_cost_gpu(data: dict) -> str:
     """benchmarks/verify_cost_gpu.py: one target pass of r rows against one row on a GPU, with the fit."""
