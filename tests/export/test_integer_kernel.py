@@ -85,6 +85,23 @@ def test_halves_stay_within_seven_bits(rewritten):
     np.testing.assert_allclose(run(x[None]), reference_matmul(x[None], q, scale), rtol=1e-5, atol=1e-5)
 
 
+def test_the_graphs_halves_are_the_references_bit_for_bit_in_ten_nodes():
+    """Each quantized input takes ten nodes (QuantizeLinear makes each half's uint8: it divides by the float32
+    1/126, and the reference does the same; multiplying by 126 instead rounds a few in 10^5 the other way)."""
+    rng = np.random.default_rng(4)
+    model = _matmul_graph((rng.standard_normal((K, N)) * 0.05).astype(np.float32))
+    rewrite_integer(model)
+    ops = [n.op_type for n in model.graph.node]
+    before = ops[:ops.index("MatMulIntegerToFloat")]
+    assert len(before) == 10 and before.count("QuantizeLinear") == 2 and "Cast" not in before
+    model.graph.output.append(helper.make_tensor_value_info("x.i8.u8", TensorProto.UINT8, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 4000, K)).astype(np.float32) * rng.uniform(0.01, 50, (1, 4000, 1)).astype(np.float32)
+    x[0, :50, 0], x[0, :50, 1:51] = ACT_MAX, np.arange(-25, 25, dtype=np.float32) / 126 + 1 / 252  # half-steps
+    hi, lo, _ = split_rows(x)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[1], np.concatenate([hi, lo], axis=-2))
+
+
 def test_graphs_it_cannot_rewrite_are_refused_in_one_line(tmp_path):
     from specrt.export.quantize import quantize_graph
 
