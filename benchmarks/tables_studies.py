@@ -84,6 +84,7 @@ table("smollm2-side-by-side-xeon-cpu", "smollm2-side-by-side-xeon-cpu.json")(sid
 table("smollm2-int8-integer-xeon-cpu", "smollm2-int8-integer-xeon-cpu.json")(side_by_side)
 table("smollm2-side-by-side-integer-xeon-cpu", "smollm2-side-by-side-integer-xeon-cpu.json")(side_by_side)
 table("smollm2-side-by-side-zen4-cpu", "smollm2-side-by-side-zen4-cpu.json")(side_by_side)
+table("smollm2-side-by-side-xeon-1205-cpu", "smollm2-side-by-side-xeon-1205-cpu.json")(side_by_side)
 table("llama-1b-int8-integer-xeon-cpu", "llama-1b-int8-integer-xeon-cpu.json")(side_by_side)
 table("smollm2-int8-kernels-zen4-cpu", "smollm2-int8-kernels-zen4-cpu.json")(side_by_side)
 table("llama-1b-int8-kernels-zen4-cpu", "llama-1b-int8-kernels-zen4-cpu.json")(side_by_side)
