@@ -91,6 +91,7 @@ table("llama-1b-int8-kernels-zen4-cpu", "llama-1b-int8-kernels-zen4-cpu.json")(s
 table("demo-int4-side-by-side-cpu", "demo-int4-side-by-side-cpu.json")(side_by_side)
 table("demo-int4-none-vs-genai-cpu", "demo-int4-none-vs-genai-cpu.json")(side_by_side)
 table("demo-int4-side-by-side-xeon-cpu", "demo-int4-side-by-side-xeon-cpu.json")(side_by_side)
+table("demo-int4-side-by-side-xeon-1205-cpu", "demo-int4-side-by-side-xeon-1205-cpu.json")(side_by_side)
 table("smollm2-int8-vs-q8-cpu", "smollm2-int8-vs-q8-cpu.json")(side_by_side)
 table("smollm2-r6-int8-vs-llama-cpu", "smollm2-r6-int8-vs-llama-cpu.json")(side_by_side)
 table("smollm2-r6-q41-vs-llama-cpu", "smollm2-r6-q41-vs-llama-cpu.json")(side_by_side)
