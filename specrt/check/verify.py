@@ -19,6 +19,7 @@ from ..runtime.drafters import proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.masks import causal_mask
 from ..runtime.sampling import SamplingConfig, probs_from_logits
+from ..runtime.stats import mean_pass_seconds
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
     (check, α, draft pass): α the mean Σmin(p, q) over verified positions (what the theory's α is; accepted /
     drafted undercounts it at γ > 1, where drafts after a rejection count as drafted but never get the
     chance to be accepted), the draft pass the mean seconds of all drafting passes (None: none ran)."""
-    bad, ties, alphas, drafting = [], [], [], []
+    bad, ties, alphas, runs = [], [], [], []
     for i, prompt in enumerate(prompts):
         plain_ids = (plain[i] if plain is not None
                      else _generate(gen, prompt, chat, max_new_tokens=max_new_tokens, method="none",
@@ -134,9 +135,8 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
                 bad.append(f"prompt {i} differs at token {first}")
         if spec.stats.alpha_estimate is not None:
             alphas.append((spec.stats.alpha_estimate, spec.stats.target_passes - 1))  # weighed by its steps
-        drafting.append((spec.stats.draft_s, spec.stats.draft_passes))
+        runs.append(spec.stats)
     alpha = sum(a * n for a, n in alphas) / sum(n for _, n in alphas) if alphas else None
-    passes = sum(n for _, n in drafting)
     same = len(prompts) - len(bad) - len(ties)
     detail = (f"{same}/{len(prompts)} prompts identical to plain decoding"
               + (f"; {len(ties)} first differ at a near-tie, within what pass shapes move the target's own "
@@ -144,7 +144,7 @@ def check_greedy(gen: SpeculativeGenerator, method: str, prompts: list[str], max
               + (f" ({'; '.join(bad[:3])})" if bad else ""))
     return (Check(f"greedy {method} == plain", not bad, detail,
                   {"mismatches": len(bad), "row_count_ties": len(ties), "prompts": len(prompts)}),
-            alpha, sum(t for t, _ in drafting) / passes if passes else None)
+            alpha, mean_pass_seconds(runs)[1])
 
 
 def exact_distribution(gen: SpeculativeGenerator, prompt_ids: list[int], tokens: int,
@@ -242,9 +242,8 @@ def check_sampling(gen: SpeculativeGenerator, method: str, prompt: str, samples:
 def draft_cost_ratio(draft_pass_s: float | None, plain_results: Sequence) -> float:
     """c: a drafting pass's mean seconds over plain decoding's mean one-row pass (its runs' ``stats``, after
     prefill), the ratio ``specrt bench`` reports; 0 where nothing was drafted or timed."""
-    steps = sum(r.stats.target_passes - 1 for r in plain_results)
-    seconds = sum(r.stats.verify_s for r in plain_results)
-    return draft_pass_s / (seconds / steps) if draft_pass_s and steps and seconds > 0 else 0.0
+    plain_pass_s = mean_pass_seconds([r.stats for r in plain_results])[0]
+    return draft_pass_s / plain_pass_s if draft_pass_s and plain_pass_s > 0 else 0.0
 
 
 def check_draft_pays(alpha: float | None, c: float, method: str = "draft", max_gamma: int = 16,

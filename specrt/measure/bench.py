@@ -21,6 +21,7 @@ from ..runtime.drafters import METHODS, proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
+from ..runtime.stats import mean_pass_seconds
 from ..runtime.tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
 from . import roofline
 from .bandwidth import Bandwidth
@@ -301,10 +302,9 @@ def _aggregate(stats: list, joules: float | None = None) -> dict:
     passes = sum(s.target_passes for s in stats)
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     betas = [s.alpha_estimate for s in stats if s.alpha_estimate is not None]
-    steps = passes - len(stats)
     draft_passes = sum(s.draft_passes for s in stats)
     verify_s, draft_s = sum(s.verify_s for s in stats), sum(s.draft_s for s in stats)
-    t_target = verify_s / steps if steps else 0.0
+    t_target, t_draft = mean_pass_seconds(stats)
     return {
         "tokens_per_second": tokens / total,
         "tokens_per_target_pass": tokens / passes,
@@ -312,7 +312,7 @@ def _aggregate(stats: list, joules: float | None = None) -> dict:
         "alpha": statistics.mean(betas) if betas else None,
         "mean_gamma": statistics.mean(s.mean_gamma for s in stats),
         "target_pass_ms": 1000 * t_target,
-        "draft_pass_ms": 1000 * draft_s / draft_passes if draft_passes else None,
+        "draft_pass_ms": None if t_draft is None else 1000 * t_draft,
         "share_draft": draft_s / total, "share_verify": verify_s / total,
         "share_prefill": sum(s.prefill_s for s in stats) / total,
         "share_host": sum(s.other_s for s in stats) / total,

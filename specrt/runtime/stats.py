@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .. import theory
 
@@ -120,3 +120,13 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def mean_pass_seconds(stats: Sequence[GenerationStats]) -> tuple[float, float | None]:
+    """(a target pass after prefill, a drafting pass) in seconds over several generations, each phase's time over its
+    passes (a long generation weighs as its passes do): what ``specrt bench`` and ``specrt verify`` take c from.
+    0.0 / None where no such pass ran."""
+    steps = sum(s.target_passes - 1 for s in stats)
+    draft_passes = sum(s.draft_passes for s in stats)
+    return (sum(s.verify_s for s in stats) / steps if steps else 0.0,
+            sum(s.draft_s for s in stats) / draft_passes if draft_passes else None)

@@ -239,7 +239,7 @@ def test_check_greedy_passes_row_count_ties_and_fails_real_differences(monkeypat
 
     plain, spec = [10, 11, 12, 13], [10, 11, 99, 13]
     result = lambda ids: types.SimpleNamespace(token_ids=ids, stats=types.SimpleNamespace(  # noqa: E731
-        alpha_estimate=0.5, target_passes=3, draft_s=0.3, draft_passes=6))
+        alpha_estimate=0.5, target_passes=3, draft_s=0.3, draft_passes=6, verify_s=0.2))
     monkeypatch.setattr(V, "_generate", lambda gen, prompt, chat, method, **o: result(plain if method == "none" else spec))
     monkeypatch.setattr(V, "_encode", lambda gen, prompt, chat: [1, 2])
     seen = []

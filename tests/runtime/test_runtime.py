@@ -304,3 +304,16 @@ def test_verify_costs_are_measured_once_and_leave_the_target_cache_empty(close):
     assert all(b >= a for a, b in zip(costs, costs[1:]))
     assert close.verify_costs() is costs
     assert close._models["target"].cache.length == 0
+
+
+def test_pass_times_pool_generations_by_their_passes():
+    """bench's and verify's c: each phase's seconds over its passes across generations, not a mean of means."""
+    from types import SimpleNamespace
+
+    from specrt.runtime.stats import mean_pass_seconds
+
+    long = SimpleNamespace(target_passes=5, verify_s=0.4, draft_passes=8, draft_s=0.08)  # 4 steps after prefill
+    short = SimpleNamespace(target_passes=2, verify_s=0.3, draft_passes=0, draft_s=0.0)
+    assert mean_pass_seconds([long, short]) == (pytest.approx(0.7 / 5), pytest.approx(0.01))
+    prefill_only = SimpleNamespace(target_passes=1, verify_s=0.0, draft_passes=0, draft_s=0.0)
+    assert mean_pass_seconds([prefill_only]) == (0.0, None)
