@@ -90,13 +90,14 @@ def without_activation_ops(model) -> bool:
     matmuls = [n for n in g.node if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith(".i8.u8")]
     if not matmuls:
         return False
-    finals = {n.output[0][:-len(".halves")]: n for n in matmuls}
-    post = {f"{y}{s}" for y in finals for s in (".hi", ".lo", ".lo_scaled", ".sum", "")}
+    ys = {n.output[0][:-len(".halves")] for n in matmuls}
+    post = {f"{y}{s}" for y in ys for s in (".hi", ".lo", ".lo_scaled", ".sum", "")}
     nodes, cast = [], set()
     for node in g.node:
-        if ".i8." in node.output[0] or (node.output[0] in post and node.op_type != "MatMulIntegerToFloat"):
+        quantized = node.op_type == "MatMulIntegerToFloat" and node.input[0].endswith(".i8.u8")
+        if ".i8." in node.output[0] or (node.output[0] in post and not quantized):
             continue  # the activation's ops before, and the halves' sum and scaling after
-        if node.op_type == "MatMulIntegerToFloat" and node in matmuls:
+        if quantized:
             x = node.input[0][:-len(".i8.u8")]
             if x not in cast:
                 cast.add(x)
