@@ -21,6 +21,7 @@ from ..errors import ConfigError, OutputPathError
 from .eagle_budget import DataLimits
 from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head, model_device
 from .eagle_prompts import MESSAGE_TOKENS, with_bos, write_prompts
+from .eagle_vocab import token_counts
 from .precision import generating
 from .progress import PhaseProgress
 
@@ -222,9 +223,7 @@ def choose_draft_vocab(sequences: Sequence[tuple[Sequence[int], int]], vocab_siz
     ``sequences`` ((tokens, first scored target position) pairs) predict, ties to the lower id, plus the end
     ids, sorted ascending; d2t[i] = used[i] - i. Returns (d2t int64 [D], t2d bool [V], the fraction of
     predicted tokens the vocabulary covers)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for tokens, start in sequences:
-        counts += torch.bincount(torch.tensor(list(tokens[start + 1:]), dtype=torch.long), minlength=vocab_size)
+    counts = token_counts([tokens[start + 1:] for tokens, start in sequences], vocab_size)
     if n is None or n >= vocab_size:
         used = torch.arange(vocab_size)
     else:
@@ -353,6 +352,8 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     else:
         (d2t, t2d), coverage = vocab, vocab_coverage(predicted, vocab[1])
     targets = torch.arange(len(d2t)) + d2t
+    # how often the replies trained on predict each draft id: what `specrt eagle prune` ranks the ids by
+    draft_counts = token_counts([tokens[start + 1:] for tokens, start in predicted], model.config.vocab_size)[targets]
     t0 = time.perf_counter()
     n_train, total = len(train_seqs), len(train_seqs) + len(held_seqs)
     head = model.get_output_embeddings()
@@ -360,7 +361,8 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     held = _cache(held_seqs, head, targets, cfg.seq_len, cfg.topk, end_ids, report, n_train, total)
     times["cache"] = time.perf_counter() - t0
     info.update(draft_vocab_coverage=coverage, topk_mass=_topk_mass(train))
-    cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "train": vars(train), "heldout": vars(held),
+    cached = {"fingerprint": fingerprint, "d2t": d2t, "t2d": t2d, "draft_counts": draft_counts,
+              "train": vars(train), "heldout": vars(held),
               "info": info, "times": times, "written": written}
     save_atomic(cached, path)
     return cached

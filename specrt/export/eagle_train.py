@@ -31,6 +31,7 @@ from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head, tap_layers
 from .eagle_budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
 from .eagle_checkpoint import config_json, save_eagle3
+from .eagle_prune import write_counts
 from .eagle_data import (
     BatchSampler,
     Progress,
@@ -372,6 +373,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         "versions": _versions(),
     }
     save_eagle3(out, head_cfg, head, d2t, t2d, dtype=cfg.dtype)
+    if "draft_counts" in cached:  # (a cache resumed from before 2026-12-05 has none)
+        write_counts(out, cached["draft_counts"], end_ids, f"the {len(train)} sequences it trained on")
     if cached.get("written"):  # the prompts the target wrote itself, to read what the head trained on
         (out / WRITTEN_NAME).write_text(json.dumps(cached["written"], indent=0, ensure_ascii=False) + "\n")
     tmp = out / (RECORD_NAME + ".tmp")

@@ -3,9 +3,20 @@ one (docs/design/eagle3.md, "Draft vocabulary"). The head itself is :mod:`specrt
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..errors import EagleHeadError
+
+
+def token_counts(sequences: Sequence[Sequence[int]], vocab_size: int) -> torch.Tensor:
+    """How often each of ``vocab_size`` ids occurs in ``sequences`` (int64 [vocab_size])."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids in sequences:
+        if len(ids):
+            counts += torch.bincount(torch.as_tensor(list(ids), dtype=torch.long), minlength=vocab_size)
+    return counts
 
 
 def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:

@@ -85,17 +85,18 @@ class MedusaTrainConfig:
             raise ConfigError(f"lr must be in (0, 1), got {self.lr}")
 
 
-def read_texts(data: Path) -> list[str]:
-    """A text file, or every .py/.txt/.md file under a folder (sorted, so runs are reproducible)."""
+def read_texts(data: Path, option: str = "--data") -> list[str]:
+    """A text file, or every .py/.txt/.md file under a folder (sorted, so runs are reproducible); errors name
+    ``option``, the flag that gave it."""
     if data.is_file():
         files = [data]
     elif data.is_dir():
         files = sorted(p for p in data.rglob("*") if p.suffix in (".py", ".txt", ".md") and p.is_file())
     else:
-        raise ConfigError(f"--data {data} does not exist")
+        raise ConfigError(f"{option} {data} does not exist")
     texts = [p.read_text(errors="replace") for p in files]
     if not any(texts):
-        raise ConfigError(f"--data {data} holds no text (.py, .txt or .md files)")
+        raise ConfigError(f"{option} {data} holds no text (.py, .txt or .md files)")
     return texts
 
 

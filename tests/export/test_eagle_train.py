@@ -18,6 +18,7 @@ from specrt.export import eagle_data as ed
 from specrt.export import eagle_generate as eg
 from specrt.export import eagle_train as et
 from specrt.export.eagle_checkpoint import load_eagle3
+from specrt.export.eagle_prune import read_counts
 from specrt.export.eagle_train import EagleTrainConfig, train_eagle
 from specrt.export.precision import generating
 
@@ -291,7 +292,8 @@ def test_training_reduces_the_loss_and_writes_a_loadable_head(trained, target):
     assert len(history) == SMALL.steps
     assert sum(history[-5:]) < sum(history[:5])
     assert record["heldout"]["kl"] < record["heldout_init"]["kl"]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "draft_counts.json", "model.safetensors",
+                                                     "training.json"]
     assert json.loads((out / "training.json").read_text()) == record
 
     cfg, head, d2t, t2d = load_eagle3(out, AutoConfig.from_pretrained(target))
@@ -301,12 +303,37 @@ def test_training_reduces_the_loss_and_writes_a_loadable_head(trained, target):
     assert bool((draft_targets[1:] > draft_targets[:-1]).all())  # ascending, as the runtime needs
     assert t2d.nonzero().flatten().tolist() == draft_targets.tolist()
     assert all(bool(t2d[i]) for i in record["end_ids"])
+    counts = read_counts(out, cfg.draft_vocab_size)  # what `specrt eagle prune` ranks the draft ids by
+    assert counts["end_ids"] == record["end_ids"] and int(counts["counts"].sum()) > 0
+    # in draft-id order: every id but the end ids is in the vocabulary because the replies predicted it
+    ends = torch.isin(draft_targets, torch.tensor(record["end_ids"]))
+    assert bool((counts["counts"][~ends] > 0).all()) and len(counts["counts"]) == cfg.draft_vocab_size
     assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch.float16
     assert head.embed_tokens is None  # the target's frozen table, not a copy
     data = record["data"]
     assert data["documents"] == 3 and data["text_windows"] >= 3  # a line longer than seq_len makes two
     assert data["sequences_train"] > 0 and data["sequences_heldout"] > 0 and data["cache_bytes"] > 0
     assert record["config"]["steps"] == SMALL.steps and record["time_s"]["train"] > 0
+
+
+def test_a_trained_head_prunes_by_the_counts_it_recorded(trained, target, tmp_path):
+    from click.testing import CliRunner
+    from transformers import AutoConfig
+
+    from specrt.cli import main
+
+    out, record, _ = trained
+    res = CliRunner().invoke(main, ["eagle", "prune", str(target), str(out), "-o", str(tmp_path / "small"),
+                                    "--draft-vocab", "8"])
+    assert res.exit_code == 0, res.output
+    assert "counted in the " in res.output and "sequences it trained on" in res.output
+    cfg, _, d2t, _ = load_eagle3(out, AutoConfig.from_pretrained(target))
+    small_cfg, _, small_d2t, _ = load_eagle3(tmp_path / "small", AutoConfig.from_pretrained(target))
+    counts = read_counts(out, cfg.draft_vocab_size)["counts"]
+    targets, kept = torch.arange(cfg.draft_vocab_size) + d2t, torch.arange(8) + small_d2t
+    best = set(targets[torch.argsort(-counts, stable=True)].tolist()[:8]) | set(record["end_ids"])
+    assert small_cfg.draft_vocab_size == 8 and set(kept.tolist()) <= best
+    assert set(record["end_ids"]) <= set(kept.tolist())
 
 
 def test_heldout_acceptance_figures(trained):
