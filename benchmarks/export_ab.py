@@ -3,7 +3,7 @@ computing logits only for the rows a pass reads, contract.LOGITS_INDEX; then one
 and its norm, export/skip_norm.py).
 
     python benchmarks/export_ab.py OLD NEW --label L [--lengths 32,128,512] [--step-rows 1,3] [--reps 9] \
-        [--gen-reps 3] [--method eagle] [--json OUT]   # OUT gains runs[L], keeping the runs it holds
+        [--gen-reps 3] [--method eagle] [--shared-pool] [--json OUT]   # OUT gains runs[L], keeping the runs it holds
 
 Per prompt length: the target's prefill pass (what the time to the first token is made of), timed alone;
 the decode step alone (a q-row target pass after ``--past`` cached positions, ``--step-rows``); then whole
@@ -57,15 +57,19 @@ def main() -> None:
     ap.add_argument("--gen-reps", type=int, help="alternations of whole generations (0: none) [default: --reps // 3]")
     ap.add_argument("--method", default="eagle")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shared-pool", action="store_true",
+                    help="every session on one ONNX Runtime pool, as the CLI runs them (a head's passes on the "
+                         "target's workers)")
     ap.add_argument("--label", required=True, help="this run's name in the JSON file")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    gens = {"old": specrt.load(a.old, threads=a.threads), "new": specrt.load(a.new, threads=a.threads)}
+    share = {"shared_threads": True} if a.shared_pool else {}
+    gens = {k: specrt.load(path, threads=a.threads, **share) for k, path in (("old", a.old), ("new", a.new))}
     flags = {k: g.manifest.target.logits_index for k, g in gens.items()}
     prompts = json.loads(PROMPTS.read_text())
     text = " ".join(prompts) * 8
     result: dict = {"bundles": {"old": Path(a.old).name, "new": Path(a.new).name}, "logits_index": flags,
-                    "method": a.method, "reps": a.reps, "threads": a.threads}
+                    "method": a.method, "reps": a.reps, "threads": a.threads, "shared_pool": a.shared_pool}
     for n in (int(x) for x in a.lengths.split(",") if x):
         ids = gens["old"].encode(text)[:n]
         for g in gens.values():

@@ -38,7 +38,9 @@ def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, th
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "specrt.cli", "bench", "--bundle", bundle, "--methods", methods, "--prompts",
                prompts, "--max-new-tokens", str(n), "--repeats", "1", "--threads", str(threads), "--json", str(out)]
-        subprocess.run(cmd + (["--chat"] if chat else []) + extra, check=True, capture_output=True)
+        run = subprocess.run(cmd + (["--chat"] if chat else []) + extra, capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(f"specrt bench --bundle {bundle} failed: {run.stderr.strip() or run.stdout.strip()}")
         return {m: r["tokens_per_second"] for m, r in json.loads(out.read_text())["methods"].items()}
 
 

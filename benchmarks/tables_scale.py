@@ -177,6 +177,7 @@ def export_ab(data: dict) -> str:
 table("logits-rows-cpu", "logits-rows-cpu.json")(export_ab)
 table("skip-norm-cpu", "skip-norm-cpu.json")(export_ab)
 table("integer-halves-xeon-cpu", "integer-halves-xeon-cpu.json")(export_ab)
+table("eagle-prune-xeon-cpu", "eagle-prune-xeon-cpu.json")(export_ab)
 
 
 def thread_pool(data: dict) -> str:

@@ -97,6 +97,28 @@ table("smollm2-r6-int8-vs-llama-cpu", "smollm2-r6-int8-vs-llama-cpu.json")(side_
 table("smollm2-r6-q41-vs-llama-cpu", "smollm2-r6-q41-vs-llama-cpu.json")(side_by_side)
 
 
+
+def pruned_heads(*runs: dict) -> str:
+    """`specrt bench` of one target with an EAGLE-3 head and with that head pruned (`specrt eagle prune`), one
+    bundle per run: what the smaller draft LM head saves per drafting pass and costs in tokens per pass."""
+    rows = []
+    for data in runs:
+        cfg, none, tree = data["config"], data["methods"]["none"], data["methods"]["eagle-tree"]
+        rows.append([Path(cfg["bundle"]).name, f"{cfg['model_costs']['eagle']['weight_bytes'] / 1e6:.1f} MB",
+                     f"{none['tokens_per_second']:.1f}", f"{tree['tokens_per_second']:.1f}",
+                     _x(tree["speedup_vs_none"]), f"{tree['tokens_per_target_pass']:.2f}",
+                     f"{tree['draft_passes_per_token'] / tree['target_passes_per_token']:.2f}",
+                     f"{tree['draft_pass_ms']:.2f} ms", _pct(tree["share_draft"])])
+    return _md(["bundle", "head's weights", "none tokens/s", "eagle-tree tokens/s", "eagle-tree vs none",
+                "tokens per target pass", "head passes per target pass", "head pass in the loop", "drafting's share"],
+               rows)
+
+
+table("eagle-prune-bench-xeon-cpu", *(f"eagle-prune-bench-{n}-xeon-cpu.json" for n in ("16384", "4096", "2048")))(
+    pruned_heads)
+table("smollm2-side-by-side-pruned-xeon-cpu", "smollm2-side-by-side-pruned-xeon-cpu.json")(side_by_side)
+table("smollm2-side-by-side-pruned-2-xeon-cpu", "smollm2-side-by-side-pruned-2-xeon-cpu.json")(side_by_side)
+
 def head_graphs(data: dict) -> str:
     """`specrt bench` runs of one head in two graphs, back to back: none against eagle, and the head's pass."""
     rows = []
