@@ -23,11 +23,12 @@ import torch
 
 from ..errors import ConfigError, EagleHeadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head
-from .eagle_checkpoint import CONFIG_NAME, load_eagle3, save_eagle3
+from .eagle_checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_eagle3, save_eagle3
 from .eagle_vocab import token_counts
 
 COUNTS_NAME = "draft_counts.json"  # beside a head: how often the target wrote each draft id
 COUNTS_FORMAT = 1
+OWN_FILES = {CONFIG_NAME, WEIGHTS_NAME, COUNTS_NAME}  # what a pruned head's folder holds (written again by a rerun)
 
 
 def write_counts(folder: str | os.PathLike, counts: torch.Tensor, end_ids: Sequence[int], source: str,
@@ -126,6 +127,9 @@ def prune_eagle(model: str, head_dir: str | os.PathLike, out_dir: str | os.PathL
         raise OutputPathError(f"{out} exists and is not a folder")
     if out.exists() and src.exists() and out.resolve() == src.resolve():
         raise OutputPathError(f"eagle prune: -o must be a new folder, not the head itself ({src})")
+    other = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES) if out.is_dir() else []
+    if other:  # another head's training.json or a bundle: not ours to mix with
+        raise OutputPathError(f"eagle prune: {out} holds {', '.join(other[:3])}; give a new or empty folder")
     target_config = load_config(model)
     cfg, head, d2t, t2d = load_eagle3(src, target_config)
     if not 1 <= keep < cfg.draft_vocab_size:

@@ -31,7 +31,6 @@ from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head, tap_layers
 from .eagle_budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
 from .eagle_checkpoint import config_json, save_eagle3
-from .eagle_prune import write_counts
 from .eagle_data import (
     BatchSampler,
     Progress,
@@ -45,6 +44,7 @@ from .eagle_data import (
 )
 from .eagle_init import head_config, init_head, new_head, saved_copy
 from .eagle_prompts import user_turn
+from .eagle_prune import COUNTS_NAME, write_counts
 from .eagle_ttt import evaluate, ttt_loss
 from .gguf import find_gguf, stage_reused
 from .precision import COMPUTES, parse_device, resolve_compute, resolve_device
@@ -373,8 +373,10 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         "versions": _versions(),
     }
     save_eagle3(out, head_cfg, head, d2t, t2d, dtype=cfg.dtype)
-    if "draft_counts" in cached:  # (a cache resumed from before 2026-12-05 has none)
+    if "draft_counts" in cached:
         write_counts(out, cached["draft_counts"], end_ids, f"the {len(train)} sequences it trained on")
+    else:  # a cache resumed from before 2026-12-05: no counts, and none of an earlier head left beside this one
+        (out / COUNTS_NAME).unlink(missing_ok=True)
     if cached.get("written"):  # the prompts the target wrote itself, to read what the head trained on
         (out / WRITTEN_NAME).write_text(json.dumps(cached["written"], indent=0, ensure_ascii=False) + "\n")
     tmp = out / (RECORD_NAME + ".tmp")

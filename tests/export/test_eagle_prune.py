@@ -93,6 +93,12 @@ def test_recorded_counts_rank_the_ids_and_the_end_ids_stay(sources, tmp_path):
     assert record["counts"].tolist() == counts[expect].tolist() and record["pruned_from"] == str(head)
     assert record["coverage_after"] < record["coverage_before"] == 1.0
     assert load_file(str(out / "model.safetensors"))["lm_head.weight"].shape == (20, 64)
+    again = _prune(str(sources["target"]), str(out), "-o", str(out / "smaller"), "--draft-vocab", "10")
+    assert again.exit_code == 0, again.output  # the record it keeps prunes it again
+    smaller = _targets(out / "smaller", sources["target"]).tolist()
+    assert len(smaller) == 10 and set(smaller) <= set(kept.tolist())
+    assert _prune(str(sources["target"]), str(head), "-o", str(out / "smaller"), "--draft-vocab", "12").exit_code \
+        == 0 and len(_targets(out / "smaller", sources["target"])) == 12  # a rerun into its own folder
 
 
 def test_text_counts_rank_the_ids_by_the_targets_tokenizer(sources, tmp_path):
@@ -113,7 +119,7 @@ def test_text_counts_rank_the_ids_by_the_targets_tokenizer(sources, tmp_path):
     assert json.loads((out / COUNTS_NAME).read_text())["from"] == f"text: {text}"
 
 
-@pytest.mark.parametrize("case", ["no counts", "same folder", "too many", "no text"])
+@pytest.mark.parametrize("case", ["no counts", "same folder", "too many", "no text", "foreign files"])
 def test_refusals_are_one_line_errors_and_write_nothing(sources, tmp_path, case):
     out = tmp_path / "out"
     args = [str(sources["target"]), str(sources["head"]), "-o", str(out), "--draft-vocab", "10"]
@@ -121,6 +127,11 @@ def test_refusals_are_one_line_errors_and_write_nothing(sources, tmp_path, case)
         args[3] = str(sources["head"])
     elif case == "too many":
         args[-1] = str(DRAFT)
+    elif case == "foreign files":  # e.g. another head's record: pruning into it would mix the two
+        args += ["--text", str(tmp_path / "t.txt")]
+        (tmp_path / "t.txt").write_text(TEXT)
+        out.mkdir()
+        (out / "training.json").write_text("{}")
     elif case == "no text":
         (tmp_path / "blank.txt").write_text("  \n")
         args += ["--text", str(tmp_path / "blank.txt")]
@@ -128,8 +139,10 @@ def test_refusals_are_one_line_errors_and_write_nothing(sources, tmp_path, case)
     res = _prune(*args)
     assert res.exit_code != 0 and res.output.startswith("Error: ") and "Traceback" not in res.output
     assert {"no counts": "records no token counts", "same folder": "must be a new folder",
-            "too many": "between 1 and 95", "no text": "no text in"}[case] in res.output
-    assert not out.exists() and sorted(p.name for p in sources["head"].iterdir()) == before
+            "too many": "between 1 and 95", "no text": "no text in", "foreign files": "holds training.json"}[case] \
+        in res.output
+    assert sorted(p.name for p in sources["head"].iterdir()) == before
+    assert [p.name for p in out.iterdir()] == ["training.json"] if case == "foreign files" else not out.exists()
 
 
 def test_a_pruned_head_exports_and_drafts_exactly(sources, tmp_path):
