@@ -243,14 +243,13 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     """Rewrite the float graph ``path`` into ``out`` with every weight whose columns are kept GGUF rows as
     ``MatMulNBits`` holding those rows' blocks (the token lookup tied to a Q8_0 head reads the head's bytes);
     what was done, as a quantization record."""
-    import onnx
     from onnx import helper, numpy_helper
 
     from ..bundle import contract as C
     from .quantize import drop_dead, quantize_lookups, tied_heads, untie_lm_head
-    from .staging import save_graph
+    from .staging import load_graph, save_graph
 
-    model = onnx.load(str(path))
+    model = load_graph(path)
     if any(n.op_type == "MatMulNBits" for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
     g = model.graph

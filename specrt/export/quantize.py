@@ -25,7 +25,7 @@ from ..bundle.files import graph_cost
 from ..bundle.manifest import Manifest, load_manifest
 from ..errors import ConfigError, SpecrtError
 from .quality import distribution_parity, head_acceptance
-from .staging import save_graph, staged
+from .staging import load_graph, save_graph, staged
 
 BITS = (4, 8)
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -281,7 +281,7 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
             raise SpecrtError("--algorithm hqq needs torch (ONNX Runtime's HQQ quantizer runs on it): "
                               "pip install torch==2.13.0") from None
 
-    model = onnx.load(str(path))
+    model = load_graph(path)
     if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
     untied = untie_lm_head(model)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import OutputPathError
+from ..errors import BundleError, OutputPathError
 
 
 def check_output(out: Path, force: bool) -> None:
@@ -54,6 +54,19 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_graph(path: Path):
+    """An ONNX graph with its external weights, or a one-line BundleError where onnx refuses them: a weights
+    file with several hard links (``cp -al`` copies; onnx suspects a hard-link attack), one a symlink leads
+    to outside the bundle, or one that is missing."""
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except (onnx.checker.ValidationError, OSError) as e:
+        raise BundleError(f"cannot read {path.name}'s weights: {str(e).splitlines()[0]} (copy the bundle's files "
+                          "instead of linking them)") from None
 
 
 def save_graph(model, out: Path) -> None:

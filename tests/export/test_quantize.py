@@ -147,6 +147,22 @@ def test_quantize_without_onnx_is_a_one_line_error(close_bundle, tmp_path, monke
     assert not (tmp_path / "q").exists()
 
 
+def test_a_hard_linked_weights_file_is_a_one_line_error(close_bundle, tmp_path):
+    """onnx refuses external weights with several hard links (`cp -al` copies of a bundle): said in one line."""
+    import os
+    import shutil
+
+    bundle = tmp_path / "linked"
+    shutil.copytree(close_bundle, bundle)
+    graph = onnx.load(str(bundle / "target.onnx"))
+    onnx.save_model(graph, str(bundle / "target.onnx"), save_as_external_data=True, location="target.onnx.data")
+    os.link(bundle / "target.onnx.data", tmp_path / "second-link.data")
+    res = CliRunner().invoke(main, ["quantize", str(bundle), "-o", str(tmp_path / "q")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "Error: cannot read target.onnx's weights" in res.output and "instead of linking" in res.output
+    assert not (tmp_path / "q").exists()
+
+
 def test_export_and_quantize_record_what_each_pass_reads(int4_close, close_bundle):
     from specrt.measure.roofline import entry_cost, graph_cost
 
