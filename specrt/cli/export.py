@@ -369,7 +369,7 @@ def eagle_prune(model: str, head: str, output: str, keep: int, text_files: tuple
     each drafting pass a third cheaper for 1 % fewer tokens per pass (a chain of 3), and eagle-tree 1.03-1.06x
     faster (int8, 2 CPU cores, one process). Still exact: the head's distribution over the kept ids is its own,
     renormalised. Keep N where the printed coverage is still that of all the ids. The new head keeps HEAD's
-    layout and precision and its counts; export it as any head.
+    precision, is written as `eagle train` writes heads, with its counts; export it as any head.
 
     \b
     Example:

@@ -116,7 +116,8 @@ def _text_counts(model: str, text_files: Sequence[str], vocab_size: int) -> tupl
 def prune_eagle(model: str, head_dir: str | os.PathLike, out_dir: str | os.PathLike, keep: int,
                 text_files: Sequence[str] = ()) -> PruneResult:
     """Write to ``out_dir`` the head of ``head_dir`` (made for the target ``model``: a Hugging Face folder or hub
-    id) with its ``keep`` most frequent draft ids, in its own layout and precision, and its counts beside it.
+    id) with its ``keep`` most frequent draft ids, in its precision (as ``save_eagle3`` lays heads out), and its
+    counts beside it.
 
     The counts are those of ``text_files`` tokenised by the target's tokenizer, or without them those the head's
     folder records (:data:`COUNTS_NAME`, written by ``specrt eagle train``)."""

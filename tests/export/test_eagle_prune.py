@@ -166,3 +166,26 @@ def test_a_pruned_head_exports_and_drafts_exactly(sources, tmp_path):
     sampled = [gen.generate(prompt, method="eagle", max_new_tokens=16, temperature=0.8, seed=5).token_ids
                for _ in range(2)]
     assert sampled[0] == sampled[1] and len(sampled[0]) == 16
+
+
+@pytest.mark.parametrize("variant", [{"norm_before_fc": True}, {"norm_output": True}])
+def test_a_speculators_head_prunes_with_its_variants(tmp_path, variant):
+    """A published speculators-format head: its variants survive (written in EAGLE's flat layout where that can
+    describe them, a tap norm; else in the speculators format, a fed-back normalised state)."""
+    from support.eagle_heads import random_head, speculators_config, write_speculators
+
+    from specrt.export.eagle import Eagle3Config
+
+    tok = make_tokenizer()
+    target = save_model(tmp_path / "target", "llama", seed=1, layers=LAYERS, hidden=48, tokenizer=tok)
+    raw = speculators_config(vocab=AutoConfig.from_pretrained(target).vocab_size, draft=64, hidden=48, **variant)
+    cfg = Eagle3Config.from_json(raw)
+    head = write_speculators(tmp_path / "head", raw, random_head(cfg))
+    (tmp_path / "t.txt").write_text(TEXT)
+    res = _prune(str(target), str(head), "-o", str(tmp_path / "out"), "--draft-vocab", "16", "--text",
+                 str(tmp_path / "t.txt"))
+    assert res.exit_code == 0, res.output
+    small = load_eagle3(tmp_path / "out", AutoConfig.from_pretrained(target))[0]
+    assert small.draft_vocab_size == 16 and (small.tap_norm, small.feed_normed) == (cfg.tap_norm, cfg.feed_normed)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert ("speculators_model_type" in written) == cfg.feed_normed
