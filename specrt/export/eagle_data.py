@@ -21,7 +21,7 @@ from ..errors import ConfigError, OutputPathError
 from .eagle_budget import DataLimits
 from .eagle_generate import _continue, _Seq, _teacher_forced, check_logits_are_lm_head, model_device
 from .eagle_prompts import MESSAGE_TOKENS, with_bos, write_prompts
-from .eagle_vocab import token_counts
+from .eagle_vocab import ranked_ids, token_counts
 from .precision import generating
 from .progress import PhaseProgress
 
@@ -217,25 +217,23 @@ def _shuffled(batches: list[list[int]], seed: int) -> list[list[int]]:
     return [batches[k] for k in order]
 
 
-def choose_draft_vocab(sequences: Sequence[tuple[Sequence[int], int]], vocab_size: int, n: int | None,
-                       end_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """EAGLE-3's draft vocabulary (traineagle3/cnets.py:664-676): the ``n`` most frequent tokens the training
-    ``sequences`` ((tokens, first scored target position) pairs) predict, ties to the lower id, plus the end
-    ids, sorted ascending; d2t[i] = used[i] - i. Returns (d2t int64 [D], t2d bool [V], the fraction of
-    predicted tokens the vocabulary covers)."""
-    counts = token_counts([tokens[start + 1:] for tokens, start in sequences], vocab_size)
+def choose_draft_vocab(counts: torch.Tensor, n: int | None, end_ids: Sequence[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """EAGLE-3's draft vocabulary (traineagle3/cnets.py:664-676): the end ids, then the ``n`` most frequent tokens the
+    training data predicts (``counts``: how often each target id is predicted, int64 [V]) that it predicts at all,
+    ties to the lower id, sorted ascending; d2t[i] = used[i] - i. Returns (d2t int64 [D], t2d bool [V], the
+    fraction of predicted tokens the vocabulary covers)."""
+    vocab_size = len(counts)
     if n is None or n >= vocab_size:
         used = torch.arange(vocab_size)
     else:
-        order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first on ties
-        seen = order[counts[order] > 0]
-        ends = torch.tensor(sorted(set(end_ids)), dtype=torch.long)
-        rest = seen[~torch.isin(seen, ends)][:max(0, n - len(ends))]
-        used = torch.cat([ends, rest]).unique()  # sorted ascending
+        ends = torch.zeros(vocab_size, dtype=torch.bool)
+        ends[sorted(set(end_ids))] = True
+        seen = int(((counts > 0) & ~ends).sum())  # never-predicted ids are not drafted
+        used = ranked_ids(counts, int(ends.sum()) + min(seen, max(0, n - int(ends.sum()))), ends)
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[used] = True
-    coverage = float(counts[used].sum()) / max(1, int(counts.sum()))
-    return used - torch.arange(len(used)), t2d, coverage
+    return used - torch.arange(len(used)), t2d, vocab_coverage(counts, t2d)
 
 
 @torch.no_grad()
@@ -314,10 +312,10 @@ def data_fingerprint(source: str, cfg: EagleTrainConfig, prompts: Sequence[str],
     return h.hexdigest()
 
 
-def vocab_coverage(sequences: Sequence[tuple[Sequence[int], int]], t2d: torch.Tensor) -> float:
-    """The fraction of the tokens ``sequences`` predict that a given draft vocabulary (``t2d``) holds."""
-    predicted = torch.cat([torch.tensor(list(tokens[start + 1:]), dtype=torch.long) for tokens, start in sequences])
-    return float(t2d[predicted].float().mean()) if len(predicted) else 1.0
+def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
+    """The fraction of the predicted tokens (``counts`` per target id) that a draft vocabulary (``t2d``) holds."""
+    total = int(counts.sum())
+    return int(counts[t2d].sum()) / total if total else 1.0
 
 
 def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
@@ -346,14 +344,13 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written,
                                                    limits)
     times["generate"] = time.perf_counter() - t0 - times["prompts"]
-    predicted = [(q.tokens, q.start) for q in train_seqs]
+    counts = token_counts([q.tokens[q.start + 1:] for q in train_seqs], model.config.vocab_size)  # what they predict
     if vocab is None:
-        d2t, t2d, coverage = choose_draft_vocab(predicted, model.config.vocab_size, cfg.draft_vocab, end_ids)
+        d2t, t2d, coverage = choose_draft_vocab(counts, cfg.draft_vocab, end_ids)
     else:
-        (d2t, t2d), coverage = vocab, vocab_coverage(predicted, vocab[1])
+        (d2t, t2d), coverage = vocab, vocab_coverage(counts, vocab[1])
     targets = torch.arange(len(d2t)) + d2t
-    # how often the replies trained on predict each draft id: what `specrt eagle prune` ranks the ids by
-    draft_counts = token_counts([tokens[start + 1:] for tokens, start in predicted], model.config.vocab_size)[targets]
+    draft_counts = counts[targets]  # per draft id: what `specrt eagle prune` ranks the ids by
     t0 = time.perf_counter()
     n_train, total = len(train_seqs), len(train_seqs) + len(held_seqs)
     head = model.get_output_embeddings()

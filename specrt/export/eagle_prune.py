@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError, EagleHeadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head
 from .eagle_checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_eagle3, save_eagle3
-from .eagle_vocab import token_counts
+from .eagle_vocab import ranked_ids, token_counts
 
 COUNTS_NAME = "draft_counts.json"  # beside a head: how often the target wrote each draft id
 COUNTS_FORMAT = 1
@@ -58,14 +58,6 @@ def read_counts(folder: str | os.PathLike, draft_vocab: int) -> dict | None:
     return {**record, "counts": counts}
 
 
-def ranked_ids(counts: torch.Tensor, n: int, always: torch.Tensor) -> torch.Tensor:
-    """The ``n`` draft ids to keep, ascending: every ``always`` one (bool [D]), then the most frequent, ties to the
-    lower id (as the trainer chose its vocabulary)."""
-    order = torch.argsort(-counts, stable=True)
-    ranked = torch.cat([order[always[order]], order[~always[order]]])
-    return ranked[:n].sort().values
-
-
 def pruned_head(head: Eagle3Head, d2t: torch.Tensor, keep: torch.Tensor
                 ) -> tuple[Eagle3Head, torch.Tensor, torch.Tensor]:
     """``head`` with only the draft ids ``keep`` (ascending): (the new head, its d2t, its t2d)."""
@@ -92,23 +84,12 @@ class PruneResult:
     counts_from: str
 
 
-def _end_ids(model: str, target_config: Any, recorded: dict | None) -> list[int]:
-    from .eagle_data import target_end_ids
-    from .loading import load_tokenizer
-
-    if recorded is not None and recorded.get("end_ids"):
-        return [int(i) for i in recorded["end_ids"]]
-    return target_end_ids(model, target_config, load_tokenizer(model))
-
-
-def _text_counts(model: str, text_files: Sequence[str], vocab_size: int) -> tuple[torch.Tensor, str]:
-    from .loading import load_tokenizer
+def _text_counts(tok: Any, text_files: Sequence[str], vocab_size: int) -> tuple[torch.Tensor, str]:
     from .medusa import read_texts
 
     texts = [t for f in text_files for t in read_texts(Path(f), option="--text")]
     if not any(t.strip() for t in texts):
         raise ConfigError(f"eagle prune: no text in {', '.join(map(str, text_files))}")
-    tok = load_tokenizer(model)
     counts = token_counts([tok(t, add_special_tokens=False).input_ids for t in texts], vocab_size)
     return counts, f"text: {', '.join(str(f) for f in text_files)}"
 
@@ -121,7 +102,8 @@ def prune_eagle(model: str, head_dir: str | os.PathLike, out_dir: str | os.PathL
 
     The counts are those of ``text_files`` tokenised by the target's tokenizer, or without them those the head's
     folder records (:data:`COUNTS_NAME`, written by ``specrt eagle train``)."""
-    from .loading import load_config
+    from .eagle_data import target_end_ids
+    from .loading import load_config, load_tokenizer
 
     src, out = Path(head_dir), Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -137,19 +119,22 @@ def prune_eagle(model: str, head_dir: str | os.PathLike, out_dir: str | os.PathL
         raise ConfigError(f"eagle prune: --draft-vocab must be between 1 and {cfg.draft_vocab_size - 1} (the head "
                           f"has {cfg.draft_vocab_size} draft ids), got {keep}")
     recorded = read_counts(src, cfg.draft_vocab_size)
+    if not text_files and recorded is None:
+        raise ConfigError(f"eagle prune: {src} records no token counts ({COUNTS_NAME}, written by `specrt eagle "
+                          "train` since 2026-12-05): pass --text FILE with text like the target's replies")
+    ends = [int(i) for i in recorded["end_ids"]] if recorded is not None and recorded.get("end_ids") else None
+    tok = load_tokenizer(model) if text_files or ends is None else None  # read once, for either
     targets = torch.arange(cfg.draft_vocab_size) + d2t
     if text_files:
-        counts, source = _text_counts(model, text_files, cfg.vocab_size)
-    elif recorded is not None:
+        counts, source = _text_counts(tok, text_files, cfg.vocab_size)
+    else:
         counts = torch.zeros(cfg.vocab_size, dtype=torch.long)
         counts[targets] = recorded["counts"]
         source = str(recorded.get("from", COUNTS_NAME))
-    else:
-        raise ConfigError(f"eagle prune: {src} records no token counts ({COUNTS_NAME}, written by `specrt eagle "
-                          "train` since 2026-12-05): pass --text FILE with text like the target's replies")
     if int(counts.sum()) == 0:
         raise ConfigError(f"eagle prune: no token counted ({source})")
-    ends = _end_ids(model, target_config, recorded)
+    if ends is None:
+        ends = target_end_ids(model, target_config, tok)
     always = torch.isin(targets, torch.tensor(ends, dtype=torch.long))
     if int(always.sum()) > keep:
         raise ConfigError(f"eagle prune: --draft-vocab {keep} is fewer than the target's {int(always.sum())} end ids")

@@ -19,6 +19,14 @@ def token_counts(sequences: Sequence[Sequence[int]], vocab_size: int) -> torch.T
     return counts
 
 
+def ranked_ids(counts: torch.Tensor, n: int, always: torch.Tensor) -> torch.Tensor:
+    """The ``n`` ids to keep of a counted vocabulary, ascending: every ``always`` one (bool, as ``counts``), then the
+    most frequent, ties to the lower id: how the trainer chooses a draft vocabulary and ``eagle prune`` cuts one."""
+    order = torch.argsort(-counts, stable=True)
+    ranked = torch.cat([order[always[order]], order[~always[order]]])
+    return ranked[:n].sort().values
+
+
 def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     return draft_ids + d2t[draft_ids]
 

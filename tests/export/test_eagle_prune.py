@@ -17,7 +17,8 @@ from transformers import AutoConfig
 
 from specrt.cli import main
 from specrt.export.eagle_checkpoint import load_eagle3
-from specrt.export.eagle_prune import COUNTS_NAME, pruned_head, ranked_ids, read_counts, write_counts
+from specrt.export.eagle_prune import COUNTS_NAME, pruned_head, read_counts, write_counts
+from specrt.export.eagle_vocab import ranked_ids
 
 LAYERS, DRAFT = 5, 96
 TEXT = "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(add(i, i))\n" * 3

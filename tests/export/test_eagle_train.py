@@ -20,6 +20,7 @@ from specrt.export import eagle_train as et
 from specrt.export.eagle_checkpoint import load_eagle3
 from specrt.export.eagle_prune import read_counts
 from specrt.export.eagle_train import EagleTrainConfig, train_eagle
+from specrt.export.eagle_vocab import token_counts
 from specrt.export.precision import generating
 
 PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
@@ -129,11 +130,12 @@ def test_draft_vocab_is_the_most_frequent_predicted_tokens_plus_the_end_ids():
     # (tokens, first scored target position): the predicted tokens are tokens[start + 1:]
     seqs = [([0, 9, 3, 3, 3, 4, 4, 5], 1),  # 3 x3, 4 x2, 5 x1 (9 is the prompt's)
             ([0, 7, 5], 1)]  # 5: now 5 and 4 tie at 2
-    d2t, t2d, coverage = ed.choose_draft_vocab(seqs, 12, 3, end_ids=[1])
+    counts = token_counts([tokens[start + 1:] for tokens, start in seqs], 12)
+    d2t, t2d, coverage = ed.choose_draft_vocab(counts, 3, end_ids=[1])
     assert (torch.arange(3) + d2t).tolist() == [1, 3, 4]  # EOS, then 3 and 4 (5 ties 4 on count, loses on id)
     assert t2d.nonzero().flatten().tolist() == [1, 3, 4]
     assert coverage == pytest.approx(5 / 7)
-    d2t, t2d, coverage = ed.choose_draft_vocab(seqs, 12, None, end_ids=[1])
+    d2t, t2d, coverage = ed.choose_draft_vocab(counts, None, end_ids=[1])
     assert d2t.tolist() == [0] * 12 and bool(t2d.all()) and coverage == 1.0
 
 
