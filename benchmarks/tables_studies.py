@@ -97,7 +97,6 @@ table("smollm2-r6-int8-vs-llama-cpu", "smollm2-r6-int8-vs-llama-cpu.json")(side_
 table("smollm2-r6-q41-vs-llama-cpu", "smollm2-r6-q41-vs-llama-cpu.json")(side_by_side)
 
 
-
 def pruned_heads(*runs: dict) -> str:
     """`specrt bench` of one target with an EAGLE-3 head and with that head pruned (`specrt eagle prune`), one
     bundle per run: what the smaller draft LM head saves per drafting pass and costs in tokens per pass."""
@@ -118,6 +117,7 @@ table("eagle-prune-bench-xeon-cpu", *(f"eagle-prune-bench-{n}-xeon-cpu.json" for
     pruned_heads)
 table("smollm2-side-by-side-pruned-xeon-cpu", "smollm2-side-by-side-pruned-xeon-cpu.json")(side_by_side)
 table("smollm2-side-by-side-pruned-2-xeon-cpu", "smollm2-side-by-side-pruned-2-xeon-cpu.json")(side_by_side)
+
 
 def head_graphs(data: dict) -> str:
     """`specrt bench` runs of one head in two graphs, back to back: none against eagle, and the head's pass."""
