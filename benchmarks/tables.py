@@ -20,6 +20,7 @@ from generated_blocks import FIX, ROOT, TABLES, blocks, check, render, table, wr
 from table_format import DTYPE, _f, _md, _pct, _x, _yes  # noqa: E402
 import tables_studies  # noqa: E402,F401  (registers the studies' tables)
 import tables_scale  # noqa: E402,F401  (registers the scale studies' tables)
+import tables_eagle  # noqa: E402,F401  (registers the EAGLE studies' tables)
 
 
 # ---- `specrt bench --json` files (demo-cpu, demo-int4-cpu) -------------------------------------------------
