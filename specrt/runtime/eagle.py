@@ -187,4 +187,4 @@ class EagleTreeDrafter(EagleDrafter):
         self._last = ((self.head.forward_s - head_s) / passes, len(keep) + 1, self.target.passes,
                       self.target.forward_s)
         return TokenTree([nodes[i] for i in keep], [index.get(parents[i], -1) for i in keep], passes=passes,
-                         points=True)
+                         points=True, scores=[scores[i] for i in keep])

@@ -157,6 +157,8 @@ class TokenTree:
     passes: int = 0  # draft-model forward passes spent building it
     # Children chosen deterministically (a dynamic tree's top-k): each is a point-mass proposal, so no child_q
     points: bool = False
+    # A dynamic tree's ranking: each node's whole-path log-probability under its drafter (empty otherwise)
+    scores: list[float] = field(default_factory=list)
 
     def children(self) -> dict[int, list[int]]:
         kids: dict[int, list[int]] = {-1: []}

@@ -207,6 +207,9 @@ def test_dynamic_tree_expands_the_best_nodes_with_their_parents_rows():
     assert len(tree.tokens) == 5 and tree.points and tree.passes == 3
     assert all(t in VOCAB_MAP for t in tree.tokens)
     assert all(p < i for i, p in enumerate(tree.parents))  # level order: parents first
+    # Its ranking travels with it: whole-path log-probabilities, a child never above its parent
+    assert len(tree.scores) == 5 and all(s <= 0 for s in tree.scores)
+    assert all(tree.scores[i] <= tree.scores[p] for i, p in enumerate(tree.parents) if p >= 0)
     drafter.rollback(5)
     assert head.cache.length == 4  # only the rows that read the target's taps survive
 
