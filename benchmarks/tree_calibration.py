@@ -19,6 +19,7 @@ from pathlib import Path
 
 import specrt
 from bench_prompts import encoded_prompts
+from specrt.errors import SpecrtError
 from specrt.measure.calibration import calibration, recorded_trees
 
 
@@ -61,7 +62,10 @@ def main() -> None:
     args = ap.parse_args()
     results = {}
     for bundle in args.bundles:
-        results[Path(bundle).name] = result = measure(bundle, args.max_new_tokens, args.eagle_tree, args.threads)
+        try:
+            results[Path(bundle).name] = result = measure(bundle, args.max_new_tokens, args.eagle_tree, args.threads)
+        except (SpecrtError, ValueError) as e:
+            raise SystemExit(f"{bundle}: {e}") from None
         show(result)
     if args.json:
         out = Path(args.json)
