@@ -1,8 +1,15 @@
 """What a target pass over r rows costs against one row on this backend: the verify-cost curve ``--gamma auto``
-weighs γ with (theory.verify_cost_at). Measured once per loaded bundle, engine time only, a fraction of a
-second on a CPU model (docs/methods.md)."""
+weighs γ with (theory.verify_cost_at) and an ``auto``-sized tree its nodes. Engine time only: a fraction of a
+second on a small CPU model, ~2 s for the default tree's 22 rows on SmolLM2-135M at int8, so the curve is kept in
+specrt's per-user cache and measured once per graph, backend and machine (docs/methods.md)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
 
 from .. import theory
 from .cached import CachedModel
@@ -35,3 +42,28 @@ def measure_verify_costs(model: CachedModel, max_rows: int = CALIBRATION_ROWS, c
                 times[rows - 1] = min(times[rows - 1], model.forward_s - before)
     model.reset()
     return theory.verify_costs_from_times(times)
+
+
+def remembered_verify_costs(model: CachedModel, key: dict, max_rows: int, folder: Path) -> tuple[float, ...]:
+    """:func:`measure_verify_costs` kept in ``folder``, one file per ``key`` (what the curve depends on: the
+    graph's file, the backend, its threads, the machine; JSON values). Measured when no curve of at least
+    ``max_rows`` is kept under the key (or its file is unreadable), then written for the next process; a folder
+    that cannot be written only costs that process the measurement again."""
+    text = json.dumps(key, sort_keys=True)
+    path = folder / "verify-costs" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == json.loads(text) and len(kept["costs"]) >= max_rows:
+            return tuple(float(v) for v in kept["costs"][:max_rows])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none kept, or not readable as one: measure
+    costs = measure_verify_costs(model, max_rows=max_rows)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": json.loads(text), "costs": list(costs),
+                                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
+        os.replace(tmp, path)  # whole or not at all: processes starting together each write a complete file
+    except OSError:
+        pass
+    return costs

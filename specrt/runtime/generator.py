@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, Sequence
@@ -10,12 +11,13 @@ from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..bundle import safety
+from ..bundle.machine import cpu_name
 from ..bundle.manifest import Manifest, load_manifest
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .backends.onnxruntime import share_threads
 from .cached import CachedModel
-from .costs import CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs
+from .costs import CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, remembered_verify_costs
 from .drafters import METHODS, Drafter, DrafterContext
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .options import AUTO, DecodeOptions
@@ -145,6 +147,7 @@ class SpeculativeGenerator:
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
         self._backend, self._threads, self._low_memory = backend, threads, low_memory
+        self._shared_threads = shared_threads
         self._vocab_map: np.ndarray | None = None
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
@@ -200,11 +203,25 @@ class SpeculativeGenerator:
     def verify_costs(self, rows: int = CALIBRATION_ROWS) -> tuple[float, ...]:
         """What a target pass over 1, 2, ... ``rows`` rows costs against one row on this backend (runtime.costs):
         how ``gamma="auto"`` weighs a longer chain and a ``nodes="auto"`` tree its nodes. Measured on the first
-        call that asks for that many rows (a fraction of a second to a few seconds on a CPU model), then kept."""
+        call that asks for that many rows (a fraction of a second to a few seconds on a CPU model) where specrt's
+        cache holds no curve for this graph, backend and machine (:meth:`verify_cost_key`), then kept there."""
         if self._verify_costs is None or self._verify_rows < rows:  # rows asked: a short cache measures fewer
-            self._verify_costs = measure_verify_costs(self._models["target"], max_rows=rows)
+            self._verify_costs = remembered_verify_costs(self._models["target"], self.verify_cost_key(), rows,
+                                                         safety.cache_dir())
             self._verify_rows = rows
         return self._verify_costs
+
+    def verify_cost_key(self) -> dict:
+        """What this target's verify-cost curve depends on: its graph file (a re-export or re-quantization is a
+        new curve), the backend and its threads, the CPUs this process may use, and the machine."""
+        graph = (self.bundle / self.manifest.target.file).resolve()
+        stat, decoder = graph.stat(), self.decoders["target"]
+        plan = getattr(decoder, "memory_plan", None)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return {"graph": str(graph), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                "provider": decoder.provider, "threads": self._threads, "shared_pool": self._shared_threads,
+                "low_memory": bool(plan.low_memory) if plan is not None else None, "cpus": cpus,
+                "machine": cpu_name(), "context": CALIBRATION_CONTEXT}
 
     def tree_verify_costs(self, shape: DynamicTree) -> tuple[float, ...] | None:
         """The verify costs a tree sized by cost (``shape.by_cost``) weighs its nodes with, measured up to its

@@ -295,9 +295,10 @@ def test_a_slow_spell_while_measuring_verify_costs_inflates_no_row_count():
     assert costs == pytest.approx(tuple(float(r) for r in range(1, 7)))
 
 
-def test_verify_costs_are_measured_once_and_leave_the_target_cache_empty(close):
+def test_verify_costs_are_measured_once_and_leave_the_target_cache_empty(close, tmp_path, monkeypatch):
     from specrt.runtime.costs import CALIBRATION_ROWS
 
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path))  # none kept yet: measured here (tests/runtime/test_costs.py)
     close._verify_costs = None  # an earlier gamma="auto" test may have measured them already
     costs = close.verify_costs()
     assert len(costs) == CALIBRATION_ROWS and costs[0] == 1.0

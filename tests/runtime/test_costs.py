@@ -1,0 +1,92 @@
+"""The verify-cost curve kept in specrt's cache: measured once per graph, backend and machine, read back by the
+next process, measured again whenever what it depends on changes or its file cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import specrt
+from specrt.runtime.costs import remembered_verify_costs
+
+
+class Stand:
+    """The slice of CachedModel the measurement uses: a pass of r rows takes r ms."""
+
+    def __init__(self, ms_per_row: float = 1e-3):
+        self.forward_s, self.feeds, self.ms_per_row = 0.0, 0, ms_per_row
+        self.cache = type("Cache", (), {"max_context": 64, "truncate": lambda c, n: None})()
+
+    def reset(self):
+        pass
+
+    def feed(self, tokens, sampling, last=1):
+        self.feeds += 1
+        self.forward_s += self.ms_per_row * len(tokens)
+
+
+KEY = {"graph": "/b/target.onnx", "bytes": 10, "mtime_ns": 1, "threads": 2}
+
+
+def test_measured_once_then_read_back_by_a_fresh_model(tmp_path):
+    first = Stand()
+    costs = remembered_verify_costs(first, KEY, 6, tmp_path)
+    assert first.feeds > 0 and costs == pytest.approx(tuple(float(r) for r in range(1, 7)))
+    (kept,) = (tmp_path / "verify-costs").iterdir()
+    assert json.loads(kept.read_text())["key"] == KEY
+    again = Stand(ms_per_row=5e-3)  # another process: nothing measured, the kept curve returned
+    assert remembered_verify_costs(again, KEY, 6, tmp_path) == costs and again.feeds == 0
+    assert remembered_verify_costs(again, KEY, 4, tmp_path) == costs[:4] and again.feeds == 0
+
+
+def test_another_key_or_more_rows_is_measured_again(tmp_path):
+    remembered_verify_costs(Stand(), KEY, 4, tmp_path)
+    other = Stand()
+    remembered_verify_costs(other, {**KEY, "mtime_ns": 2}, 4, tmp_path)  # the graph was rewritten
+    assert other.feeds > 0
+    longer = Stand()
+    assert len(remembered_verify_costs(longer, KEY, 8, tmp_path)) == 8 and longer.feeds > 0
+    after = Stand()
+    assert len(remembered_verify_costs(after, KEY, 8, tmp_path)) == 8 and after.feeds == 0  # the longer one kept
+
+
+def test_an_unreadable_entry_or_unwritable_folder_costs_a_measurement_not_an_error(tmp_path):
+    remembered_verify_costs(Stand(), KEY, 4, tmp_path)
+    (kept,) = (tmp_path / "verify-costs").iterdir()
+    kept.write_text('{"key": ')  # cut short
+    redo = Stand()
+    assert remembered_verify_costs(redo, KEY, 4, tmp_path) == pytest.approx((1.0, 2.0, 3.0, 4.0)) and redo.feeds > 0
+    assert json.loads(kept.read_text())["key"] == KEY  # rewritten whole
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the cache folder's place holds a file: nothing can be written under it
+    for _ in range(2):
+        model = Stand()
+        assert remembered_verify_costs(model, KEY, 4, blocked) == pytest.approx((1.0, 2.0, 3.0, 4.0))
+        assert model.feeds > 0
+
+
+def test_a_second_load_reads_the_curve_and_a_rewritten_graph_measures_it_again(close_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
+    bundle = shutil.copytree(close_bundle, tmp_path / "bundle")
+
+    def load_counting():
+        gen = specrt.load(bundle, threads=1)
+        decoder = gen._models["target"].decoder
+        real, calls = decoder.forward, []
+        decoder.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+        return gen, calls
+
+    gen, calls = load_counting()
+    costs = gen.verify_costs()
+    assert calls and costs[0] == 1.0
+    gen, calls = load_counting()
+    assert gen.verify_costs() == costs and not calls
+    target = bundle / gen.manifest.target.file
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 10**9))
+    gen, calls = load_counting()
+    gen.verify_costs()
+    assert calls  # a new graph file: its own curve
+    assert gen.verify_cost_key()["graph"] == str(target.resolve())
