@@ -313,3 +313,13 @@ def greedy_parity(data: dict) -> str:
              ", ".join(map(str, sorted(r["first_difference"]))) or "–"]
             for bundle, methods in data["bundles"].items() for method, r in methods.items()]
     return _md(["bundle", "method", "greedy generations that leave `none`'s tokens", "first different token"], rows)
+
+
+@table("startup-smollm2-xeon-cpu", "startup-smollm2-xeon-cpu.json")
+def startup(data: dict) -> str:
+    """benchmarks/startup.py: one `specrt run` process, start to exit, per way of getting the verify-cost curve."""
+    base = data["median_s"]["auto, curve measured"]
+    return _md(["`specrt run` (a fresh process each)", "seconds, start to exit (median)", "vs measuring the curve",
+                "each round"],
+               [[label, f"{data['median_s'][label]:.2f}", _x(base / data["median_s"][label]),
+                 " · ".join(f"{s:.2f}" for s in seconds)] for label, seconds in data["seconds"].items()])
