@@ -17,7 +17,8 @@ from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .backends.onnxruntime import share_threads
 from .cached import CachedModel
-from .costs import CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, remembered_verify_costs
+from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
+                    remembered_verify_costs)
 from .drafters import METHODS, Drafter, DrafterContext
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .options import AUTO, DecodeOptions
@@ -203,11 +204,14 @@ class SpeculativeGenerator:
     def verify_costs(self, rows: int = CALIBRATION_ROWS) -> tuple[float, ...]:
         """What a target pass over 1, 2, ... ``rows`` rows costs against one row on this backend (runtime.costs):
         how ``gamma="auto"`` weighs a longer chain and a ``nodes="auto"`` tree its nodes. Measured on the first
-        call that asks for that many rows (a fraction of a second to a few seconds on a CPU model) where specrt's
-        cache holds no curve for this graph, backend and machine (:meth:`verify_cost_key`), then kept there."""
+        call that asks for that many rows, then kept; on ONNX Runtime's CPU provider, where that takes a fraction
+        of a second to a few seconds, also in specrt's cache for the next process (:meth:`verify_cost_key`). A
+        GPU measures it in milliseconds, and its engines' shapes are not in the key: measured per load there."""
         if self._verify_costs is None or self._verify_rows < rows:  # rows asked: a short cache measures fewer
-            self._verify_costs = remembered_verify_costs(self._models["target"], self.verify_cost_key(), rows,
-                                                         safety.cache_dir())
+            target = self._models["target"]
+            self._verify_costs = (
+                remembered_verify_costs(target, self.verify_cost_key(), rows, safety.cache_dir())
+                if target.decoder.provider == "CPUExecutionProvider" else measure_verify_costs(target, max_rows=rows))
             self._verify_rows = rows
         return self._verify_costs
 

@@ -90,3 +90,11 @@ def test_a_second_load_reads_the_curve_and_a_rewritten_graph_measures_it_again(c
     gen.verify_costs()
     assert calls  # a new graph file: its own curve
     assert gen.verify_cost_key()["graph"] == str(target.resolve())
+
+
+def test_a_gpu_provider_measures_per_load_and_keeps_nothing(close_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
+    gen = specrt.load(close_bundle, threads=1)
+    gen._models["target"].decoder.provider = "CUDAExecutionProvider"  # milliseconds there; engine shapes unkeyed
+    assert gen.verify_costs()[0] == 1.0
+    assert not (tmp_path / "cache" / "verify-costs").exists()
