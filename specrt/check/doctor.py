@@ -129,6 +129,8 @@ class Report:
     jetson: JetsonInfo | None = None
     backend: str = "none"
     notes: list[str] = field(default_factory=list)
+    cache: str = ""  # specrt's per-user cache folder
+    verify_curves: int = 0  # verify-cost curves kept there (runtime.costs), one per graph, backend and machine
 
 
 def _gpus_from_torch() -> list[dict]:
@@ -174,8 +176,12 @@ def diagnose() -> Report:
     gpus, source = _gpus_from_nvidia_smi(), "nvidia-smi"
     if not gpus:
         gpus, source = _gpus_from_torch(), "torch"
+    from ..bundle.safety import cache_dir
+
+    curves = cache_dir() / "verify-costs"
     report = Report(python=platform.python_version(), packages=packages, ort_providers=providers, gpus=gpus,
-                    gpu_source=source if gpus else None, jetson=jetson_info())
+                    gpu_source=source if gpus else None, jetson=jetson_info(), cache=str(cache_dir()),
+                    verify_curves=len(list(curves.glob("*.json"))) if curves.is_dir() else 0)
     backends = available_backends()
     report.backend = backends[0] if backends else "none"
     if report.backend == "tensorrt":
@@ -213,6 +219,8 @@ def render(report: Report, bandwidth: list[dict] | None = None) -> str:
         lines.append(f"Jetson        {j.model}, L4T {j.l4t or '?'}, JetPack {j.jetpack or '?'}, "
                      f"power mode {j.power_mode or '?'}")
     lines.append(f"backend       {r.backend}")
+    lines.append(f"cache         {r.cache}: {r.verify_curves} verify-cost curve{'s' * (r.verify_curves != 1)} kept "
+                 "(delete its verify-costs folder to measure them again)")
     lines += [f"note          {note}" for note in r.notes]
     for p in bandwidth or []:
         if "read_gbps" in p:

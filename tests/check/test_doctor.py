@@ -22,13 +22,18 @@ def test_jetson_detection_from_fixture_files(tmp_path):
     assert info.l4t == "35.4.1" and info.jetpack == "5.1.2"
 
 
-def test_doctor_on_this_machine():
+def test_doctor_on_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path))
     res = CliRunner().invoke(main, ["doctor"])
     assert res.exit_code == 0, res.output
     assert "onnxruntime" in res.output and "backend       onnxruntime" in res.output
+    assert f"cache         {tmp_path}: 0 verify-cost curves kept" in res.output
+    (tmp_path / "verify-costs").mkdir()
+    (tmp_path / "verify-costs" / "0123.json").write_text("{}")
     data = json.loads(CliRunner().invoke(main, ["doctor", "--json"]).output)
     assert data["python"] and "CPUExecutionProvider" in data["ort_providers"]
     assert data["backend"].startswith("onnxruntime")
+    assert data["cache"] == str(tmp_path) and data["verify_curves"] == 1
 
 
 def test_install_conflicts_are_named_with_their_fix():
