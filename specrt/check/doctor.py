@@ -219,8 +219,9 @@ def render(report: Report, bandwidth: list[dict] | None = None) -> str:
         lines.append(f"Jetson        {j.model}, L4T {j.l4t or '?'}, JetPack {j.jetpack or '?'}, "
                      f"power mode {j.power_mode or '?'}")
     lines.append(f"backend       {r.backend}")
-    lines.append(f"cache         {r.cache}: {r.verify_curves} verify-cost curve{'s' * (r.verify_curves != 1)} kept "
-                 "(delete its verify-costs folder to measure them again)")
+    if r.cache:
+        lines.append(f"cache         {r.cache}: {r.verify_curves} verify-cost curve{'s' * (r.verify_curves != 1)} "
+                     "kept (delete its verify-costs folder to measure them again)")
     lines += [f"note          {note}" for note in r.notes]
     for p in bandwidth or []:
         if "read_gbps" in p:

@@ -11,7 +11,8 @@ def _report() -> Report:
     return Report("3.11.7", {"numpy": "2.0", "tensorrt": None}, ["CPUExecutionProvider"],
                   gpus=[{"index": 0, "name": "Orin", "compute_capability": "8.7", "memory_gib": 61.4}],
                   gpu_source="torch", jetson=JetsonInfo("NVIDIA Jetson AGX Orin", "36.4.3", "6.1/6.2", None),
-                  backend="onnxruntime (CPUExecutionProvider)", notes=["a note"])
+                  backend="onnxruntime (CPUExecutionProvider)", notes=["a note"], cache="/home/u/.cache/specrt",
+                  verify_curves=1)
 
 
 def test_render_labels_every_fact():
@@ -25,6 +26,8 @@ def test_render_labels_every_fact():
         "GPU 0         Orin, compute 8.7, 61.4 GiB (via torch)",
         "Jetson        NVIDIA Jetson AGX Orin, L4T 36.4.3, JetPack 6.1/6.2, power mode ?",
         "backend       onnxruntime (CPUExecutionProvider)",
+        "cache         /home/u/.cache/specrt: 1 verify-cost curve kept (delete its verify-costs folder to measure them "
+        "again)",
         "note          a note",
         "bandwidth     host: read 12.3 GB/s, copy 5.0 GB/s (4 MiB, best of 3)",
         "bandwidth     GPU: skipped, no GPU here"]
