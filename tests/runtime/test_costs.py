@@ -10,14 +10,15 @@ import shutil
 import pytest
 
 import specrt
-from specrt.runtime.costs import remembered_verify_costs
+from specrt.runtime.costs import measure_verify_costs, remembered_verify_costs, timed_rows
 
 
 class Stand:
-    """The slice of CachedModel the measurement uses: a pass of r rows takes r ms."""
+    """The slice of CachedModel the measurement uses: a pass of r rows takes ``base`` + r ms."""
 
-    def __init__(self, ms_per_row: float = 1e-3):
-        self.forward_s, self.feeds, self.ms_per_row = 0.0, 0, ms_per_row
+    def __init__(self, ms_per_row: float = 1e-3, base: float = 0.0):
+        self.forward_s, self.feeds, self.ms_per_row, self.base = 0.0, 0, ms_per_row, base
+        self.fed: set[int] = set()
         self.cache = type("Cache", (), {"max_context": 64, "truncate": lambda c, n: None})()
 
     def reset(self):
@@ -25,7 +26,22 @@ class Stand:
 
     def feed(self, tokens, sampling, last=1):
         self.feeds += 1
-        self.forward_s += self.ms_per_row * len(tokens)
+        self.fed.add(len(tokens))
+        self.forward_s += self.base + self.ms_per_row * len(tokens)
+
+
+def test_a_long_curve_times_every_chain_count_then_a_few_and_draws_the_lines_between():
+    model = Stand(base=0.01)  # a 10 ms pass + 1 ms a row
+    costs = measure_verify_costs(model, max_rows=22, context=30)
+    assert costs == pytest.approx(tuple((10 + r) / 11 for r in range(1, 23)))  # exact on a straight line
+    assert model.fed - {30} == set(timed_rows(22)) == {*range(1, 10), 12, 16, 22}  # 30: the context's prefill
+    assert timed_rows(5) == [1, 2, 3, 4, 5] and timed_rows(33) == [*range(1, 10), 12, 16, 22, 28, 33]
+    bent = Stand(base=0.01)
+    bent.feed = lambda tokens, sampling, last=1: setattr(  # 12 rows and beyond cost 5 ms more: a kernel's step
+        bent, "forward_s", bent.forward_s + 0.01 + 1e-3 * len(tokens) + (5e-3 if len(tokens) >= 12 else 0.0))
+    v = measure_verify_costs(bent, max_rows=16, context=4)
+    assert v[8] == pytest.approx(19 / 11) and v[11] == pytest.approx(27 / 11)  # timed: 9 and 12 rows
+    assert v[9] == pytest.approx((19 + 8 / 3) / 11)  # 10 rows: a third of the way from 9's to 12's
 
 
 KEY = {"graph": "/b/target.onnx", "bytes": 10, "mtime_ns": 1, "threads": 2}
