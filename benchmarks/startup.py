@@ -1,12 +1,14 @@
 """One `specrt run` as a user runs it, start to exit: with the verify-cost curve measured in the process (an empty
 cache) against read from specrt's cache, and plain decoding (no curve) beside them.
 
-    python benchmarks/startup.py BUNDLE [--chat] [--prompt TEXT] [--max-new-tokens 64] [--rounds 5] [--json OUT]
+    python benchmarks/startup.py BUNDLE [--chat] [--prompt TEXT] [--max-new-tokens 64] [--rounds 5]
+                                 [--label NAME] [--json OUT]
 
 Each round runs the three in turn, each a fresh process (`python -m specrt.cli run ...`): `auto` (the bundle's
 default method) with ``SPECRT_CACHE_DIR`` pointing at an empty folder, `auto` with a folder a first run filled,
 and `--method none`. Wall seconds per run, medians over the rounds; the generation's own seconds (`--stats`'s
-"in all") are left to the per-process figures.
+"in all") are left to the per-process figures. ``--json OUT`` adds this run to OUT under ``--label`` (another
+checkout's, put first on ``PYTHONPATH``, can sit beside it).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def main() -> None:
     ap.add_argument("--chat", action="store_true", help="send the prompt as a chat message")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--label", default="current", help="this run's name in the JSON")
+    ap.add_argument("--json", help="add the figures to this file (created if absent)")
     args = ap.parse_args()
     times: dict[str, list[float]] = {"auto, curve measured": [], "auto, curve read": [], "none": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +60,10 @@ def main() -> None:
               "median_s": {k: statistics.median(v) for k, v in times.items()}}
     print(json.dumps(result["median_s"], indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        out = Path(args.json)
+        data = json.loads(out.read_text()) if out.exists() else {"runs": {}}
+        data["runs"][args.label] = result
+        out.write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":
