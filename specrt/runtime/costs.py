@@ -20,9 +20,7 @@ from .sampling import SamplingConfig
 CALIBRATION_ROWS = 9  # γ ≤ 8 measured; longer chains extrapolate (theory.verify_cost_at)
 MEASURED_TREE_ROWS = 33  # a tree sized by cost: its passes measured up to here (beyond: extrapolated)
 CALIBRATION_CONTEXT = 32
-
-
-TREE_ROWS_TIMED = (12, 16, 22, 28)  # past CALIBRATION_ROWS a curve is timed here (and at its end), interpolated between
+TREE_ROWS_TIMED = (12, 16, 22, 28)  # past CALIBRATION_ROWS a curve is timed here (and at its end), lines between
 
 
 def timed_rows(max_rows: int) -> list[int]:
