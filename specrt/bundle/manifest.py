@@ -6,7 +6,6 @@ Written by ``specrt export``; read by the runtime with no torch or transformers 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,9 +206,7 @@ class Manifest:
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / MANIFEST_NAME
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(tmp, path)  # a reader never sees half a manifest
+        safety.write_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")  # a reader never sees half a manifest
         return path
 
 

@@ -115,6 +115,15 @@ TRUST_ENV = "SPECRT_TRUST_ENGINES"
 TRUSTED_ENGINES = "trusted-engines.json"
 
 
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a reader never sees half a file, and processes writing the
+    same file at once (replicas starting together) each leave a complete one."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def cache_dir() -> Path:
     """specrt's per-user cache: $SPECRT_CACHE_DIR, else $XDG_CACHE_HOME/specrt, else ~/.cache/specrt."""
     if os.environ.get("SPECRT_CACHE_DIR"):
@@ -147,9 +156,7 @@ def trust_engine(path: Path) -> None:
     registry = cache_dir() / TRUSTED_ENGINES
     registry.parent.mkdir(parents=True, exist_ok=True)
     known = _trusted() | {_sha256(Path(path).read_bytes())}
-    tmp = registry.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sorted(known)) + "\n")
-    os.replace(tmp, registry)
+    write_atomic(registry, json.dumps(sorted(known)) + "\n")
 
 
 def is_trusted(path: Path) -> bool:

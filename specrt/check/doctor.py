@@ -177,11 +177,12 @@ def diagnose() -> Report:
     if not gpus:
         gpus, source = _gpus_from_torch(), "torch"
     from ..bundle.safety import cache_dir
+    from ..runtime.costs import CURVES_FOLDER
 
-    curves = cache_dir() / "verify-costs"
+    cache = cache_dir()
     report = Report(python=platform.python_version(), packages=packages, ort_providers=providers, gpus=gpus,
-                    gpu_source=source if gpus else None, jetson=jetson_info(), cache=str(cache_dir()),
-                    verify_curves=len(list(curves.glob("*.json"))) if curves.is_dir() else 0)
+                    gpu_source=source if gpus else None, jetson=jetson_info(), cache=str(cache),
+                    verify_curves=len(list((cache / CURVES_FOLDER).glob("*.json"))))
     backends = available_backends()
     report.backend = backends[0] if backends else "none"
     if report.backend == "tensorrt":

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..bundle.safety import write_atomic
 from ..errors import ConfigError, EagleHeadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head
 from .eagle_checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_eagle3, save_eagle3
@@ -37,10 +38,7 @@ def write_counts(folder: str | os.PathLike, counts: torch.Tensor, end_ids: Seque
     and where the counts come from."""
     record = {"format": COUNTS_FORMAT, "from": source, "end_ids": [int(i) for i in end_ids], **more,
               "counts": [int(c) for c in counts.tolist()]}
-    path = Path(folder) / COUNTS_NAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=0) + "\n")
-    os.replace(tmp, path)
+    write_atomic(Path(folder) / COUNTS_NAME, json.dumps(record, indent=0) + "\n")
 
 
 def read_counts(folder: str | os.PathLike, draft_vocab: int) -> dict | None:

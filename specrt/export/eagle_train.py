@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..bundle.safety import write_atomic
 from ..errors import ConfigError, ModelLoadError, OutputPathError
 from .eagle import DTYPES, Eagle3Head, tap_layers
 from .eagle_budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
@@ -379,9 +380,7 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         (out / COUNTS_NAME).unlink(missing_ok=True)
     if cached.get("written"):  # the prompts the target wrote itself, to read what the head trained on
         (out / WRITTEN_NAME).write_text(json.dumps(cached["written"], indent=0, ensure_ascii=False) + "\n")
-    tmp = out / (RECORD_NAME + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, out / RECORD_NAME)
+    write_atomic(out / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False) + "\n")
     if not cfg.keep_checkpoint:
         shutil.rmtree(work)
     return record

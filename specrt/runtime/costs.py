@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import theory
+from ..bundle.safety import write_atomic
 from .cached import CachedModel
 from .sampling import SamplingConfig
 
 CALIBRATION_ROWS = 9  # γ ≤ 8 measured; longer chains extrapolate (theory.verify_cost_at)
 MEASURED_TREE_ROWS = 33  # a tree sized by cost: its passes measured up to here (beyond: extrapolated)
 CALIBRATION_CONTEXT = 32
+CURVES_FOLDER = "verify-costs"  # in specrt's per-user cache: one JSON file per kept curve
 TREE_ROWS_TIMED = (12, 16, 22, 28)  # past CALIBRATION_ROWS a curve is timed here (and at its end), lines between
 
 
@@ -63,20 +64,19 @@ def remembered_verify_costs(model: CachedModel, key: dict, max_rows: int, folder
     ``max_rows`` is kept under the key (or its file is unreadable), then written for the next process; a folder
     that cannot be written only costs that process the measurement again."""
     text = json.dumps(key, sort_keys=True)
-    path = folder / "verify-costs" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    key = json.loads(text)  # as it reads back from the file (tuples as lists)
+    path = folder / CURVES_FOLDER / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
     try:
         kept = json.loads(path.read_text())
-        if kept["key"] == json.loads(text) and len(kept["costs"]) >= max_rows:
+        if kept["key"] == key and len(kept["costs"]) >= max_rows:
             return tuple(float(v) for v in kept["costs"][:max_rows])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none kept, or not readable as one: measure
     costs = measure_verify_costs(model, max_rows=max_rows)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": json.loads(text), "costs": list(costs),
-                                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
-        os.replace(tmp, path)  # whole or not at all: processes starting together each write a complete file
+        write_atomic(path, json.dumps({"key": key, "costs": list(costs),
+                                       "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
     except OSError:
         pass
     return costs
