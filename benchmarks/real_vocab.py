@@ -50,7 +50,7 @@ def trained_like_logits(rng: np.random.Generator, v: int, rows: int) -> np.ndarr
 def step_work_ms(v: int, settings: dict, repeats: int = 15) -> dict[str, float]:
     from specrt.runtime.rows import LogitRows
     from specrt.runtime.sampling import SamplingConfig, probs_from_logits, sample
-    from specrt.runtime.verify import accept_chain, verify_chain
+    from specrt.runtime.acceptance import accept_chain, verify_chain
 
     rng = np.random.default_rng(v)
     target = trained_like_logits(rng, v, 5)

@@ -2,7 +2,7 @@
 from a pair of them: the residual norm(max(0, p - q)) and the overlap sum_x min(p(x), q(x)).
 
 The dense float64 functions (:func:`~specrt.runtime.sampling.probs_from_logits`, ``sample``,
-:func:`~specrt.runtime.verify.verify_chain`) are the reference: a :class:`Dist` draws the same ids for the
+:func:`~specrt.runtime.acceptance.verify_chain`) are the reference: a :class:`Dist` draws the same ids for the
 same uniforms without [V] float64 rows on the hot path.
 """
 

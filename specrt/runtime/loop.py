@@ -9,16 +9,14 @@ from typing import Iterator
 import numpy as np
 
 from .. import theory
+from .acceptance import accept_chain, verify_tree_greedy, verify_tree_sampled, verify_tree_typical
 from .cached import CachedModel
 from .dist import overlap
 from .drafters import Drafter
-from .medusa import verify_tree_typical
 from .options import MAX_GAMMA  # noqa: F401  (the loop's bound on gamma, checked by DecodeOptions)
 from .rows import acceptance_beta
 from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
-from .tree import verify_tree_greedy, verify_tree_sampled
-from .verify import accept_chain
 
 
 @dataclass

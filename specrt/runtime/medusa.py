@@ -1,5 +1,6 @@
 """Medusa: extra heads on the target's last hidden state propose the next tokens; a static sparse tree
-of their top candidates is verified in one target pass (exact for greedy; typical acceptance is LOSSY)."""
+of their top candidates is verified in one target pass (exact for greedy; typical acceptance, in
+:mod:`specrt.runtime.acceptance`, is LOSSY)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .dist import Dist
 from .sampling import SamplingConfig
 from .tree import MAX_TREE_NODES, TokenTree
 
@@ -52,35 +52,6 @@ def tree_from_paths(paths: list[Path], candidates: np.ndarray, max_depth: int) -
         tokens.append(int(candidates[len(path) - 1, path[-1]]))
         parents.append(index[path[:-1]] if len(path) > 1 else -1)
     return TokenTree(tokens, parents)
-
-
-def typical_threshold(p: np.ndarray, epsilon: float, delta: float) -> float:
-    """Medusa's typical acceptance: a token is plausible when p(x) > min(ε, δ·exp(−H(p)))."""
-    nz = p[p > 0]
-    entropy = float(-(nz * np.log(nz)).sum())
-    return min(epsilon, delta * np.exp(-entropy))
-
-
-def verify_tree_typical(p: Sequence[Dist], tree: TokenTree, rng: np.random.Generator,
-                        epsilon: float = 0.09, delta: float = 0.3) -> tuple[list[int], int]:
-    """LOSSY: keeps the deepest path whose every token is typical under the target, then samples the
-    next token from the target at its end. Fast at temperature > 0, but the output distribution is
-    NOT the target's; never the default. ``p[0]``: the root's row, ``p[1 + i]``: node i's.
-    The entropy needs whole rows: this opt-in path densifies every row it reads."""
-    ok: dict[int, bool] = {-1: True}
-    rows: dict[int, np.ndarray] = {}
-    best, best_depth = -1, 0
-    for i, (parent, x) in enumerate(zip(tree.parents, tree.tokens)):
-        row = rows[parent] if parent in rows else rows.setdefault(parent, p[1 + parent].dense())
-        ok[i] = ok[parent] and row[x] > typical_threshold(row, epsilon, delta)
-        if ok[i] and tree.depth(i) + 1 > best_depth:
-            best, best_depth = i, tree.depth(i) + 1
-    path = []
-    node = best
-    while node >= 0:
-        path.append(node)
-        node = tree.parents[node]
-    return path[::-1], p[1 + best].sample(rng)
 
 
 class MedusaDrafter:

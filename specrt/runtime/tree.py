@@ -1,4 +1,5 @@
-"""Token trees (SpecInfer): many continuations verified in ONE target pass; the longest accepted path wins.
+"""Token trees (SpecInfer): many continuations verified in ONE target pass; the longest accepted path wins
+(the rules that accept a path: :mod:`specrt.runtime.acceptance`).
 
 Nodes exclude the root, which is the last context token; parent -1 means "child of the root".
 Nodes are in level order, so a parent always precedes its children.
@@ -13,7 +14,7 @@ import numpy as np
 
 from .. import theory
 from ..errors import ConfigError
-from .dist import Dist, residual
+from .dist import Dist
 
 MAX_TREE_NODES = 64
 
@@ -172,45 +173,3 @@ class TokenTree:
         while self.parents[node] >= 0:
             node, d = self.parents[node], d + 1
         return d
-
-
-def verify_tree_greedy(p: Sequence[Dist], tree: TokenTree) -> tuple[list[int], int]:
-    """Follow the target's argmax from the root while a child carries it. ``p[0]``: the root's row,
-    ``p[1 + i]``: node i's. Returns (path, next_token)."""
-    kids = tree.children()
-    node, path = -1, []
-    while True:
-        best = int(p[1 + node].top(1)[0])
-        child = next((c for c in kids[node] if tree.tokens[c] == best), None)
-        if child is None:
-            return path, best  # correction, or the bonus token after an accepted leaf
-        path.append(child)
-        node = child
-
-
-def verify_tree_sampled(p: Sequence[Dist], tree: TokenTree, rng: np.random.Generator) -> tuple[list[int], int]:
-    """SpecInfer's multi-step speculative sampling; exact when each node's children are i.i.d. draws
-    from ``tree.child_q[node]``, or (``tree.points``) distinct tokens chosen without looking at the target.
-    ``p[0]``: the root's row, ``p[1 + i]``: node i's.
-
-    At a node: try its children in order, accepting child x with probability min(1, p(x)/q(x)); after
-    each rejection p becomes norm(max(0, p - q)). An accepted child becomes the node; when every child
-    is rejected (or a leaf was accepted) the next token is drawn from the current p. A point-mass child
-    is kept with probability p(x), and its rejection zeroes x in p and renormalises.
-    """
-    kids = tree.children()
-    node, p_node, path = -1, p[0], []
-    while kids[node]:
-        q = None if tree.points else tree.child_q[node]
-        for child in kids[node]:
-            x = tree.tokens[child]
-            if tree.points:
-                q = Dist.point(x, p_node.vocab)
-            if rng.random() * q.prob(x) < p_node.prob(x):
-                path.append(child)
-                node, p_node = child, p[1 + child]
-                break
-            p_node = residual(p_node, q)
-        else:
-            break
-    return path, p_node.sample(rng)

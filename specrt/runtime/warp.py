@@ -1,7 +1,7 @@
 """Warping a row of logits into the next-token distribution (:class:`~specrt.runtime.dist.Dist`).
 
 The dense float64 functions (:func:`~specrt.runtime.sampling.probs_from_logits`, ``sample``,
-:func:`~specrt.runtime.verify.verify_chain`) are the reference. This module decides the same kept sets
+:func:`~specrt.runtime.acceptance.verify_chain`) are the reference. This module decides the same kept sets
 and draws the same ids for the same uniforms, without [N, V] float64 rows on the hot path:
 
 - greedy is one argmax per row, a point distribution;

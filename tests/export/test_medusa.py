@@ -1,4 +1,5 @@
-"""Medusa heads: training, tree choice, export, exact greedy decoding, and the lossy typical rule."""
+"""Medusa heads: training, tree choice, export, exact greedy decoding, and the lossy typical rule in the loop
+(the rule itself: tests/runtime/test_acceptance.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,7 @@ import specrt
 from specrt.bundle.manifest import load_manifest
 from specrt.cli import main
 from specrt.errors import ConfigError
-from specrt.runtime.dist import Dist
-from specrt.runtime.medusa import (
-    choose_tree,
-    tree_from_paths,
-    typical_threshold,
-    verify_tree_typical,
-)
-from specrt.runtime.tree import TokenTree
+from specrt.runtime.medusa import choose_tree, tree_from_paths
 
 
 def test_choose_tree_is_best_first_and_prefix_closed():
@@ -40,23 +34,6 @@ def test_tree_from_paths():
     assert tree.tokens == [7, 8, 4, 6] and tree.parents == [-1, -1, 0, 0]
     shallow = tree_from_paths([(0,), (1,), (0, 0)], cand, max_depth=1)
     assert shallow.tokens == [7, 8] and shallow.parents == [-1, -1]
-
-
-def test_typical_rule():
-    flat = np.full(4, 0.25)
-    peaked = np.array([0.97, 0.01, 0.01, 0.01])
-    # Uniform: entropy log 4, threshold min(0.09, 0.3 / 4) = 0.075; peaked: min(0.09, 0.3 * e^-H) = 0.09
-    assert typical_threshold(flat, 0.09, 0.3) == pytest.approx(0.075)
-    assert typical_threshold(peaked, 0.09, 0.3) == pytest.approx(0.09)
-    tree = TokenTree(tokens=[0, 1, 2], parents=[-1, -1, 0])
-    p_root = np.array([0.6, 0.3, 0.05, 0.05])
-    p_nodes = np.array([[0.05, 0.05, 0.85, 0.05], [0.25] * 4, [0.1, 0.2, 0.3, 0.4]])
-    rows = lambda: [Dist.from_probs(r) for r in [p_root, *p_nodes]]  # noqa: E731
-    path, _ = verify_tree_typical(rows(), tree, np.random.default_rng(0))
-    assert path == [0, 2]  # both typical; the deepest accepted path wins
-    p_nodes[0] = [0.9, 0.04, 0.03, 0.03]  # token 2 is now atypical after node 0
-    path, _ = verify_tree_typical(rows(), tree, np.random.default_rng(0))
-    assert path == [0]
 
 
 def test_training_reduces_loss_and_records_accuracies(medusa_bundle):

@@ -1,6 +1,6 @@
 """The EAGLE-3 drafter's bookkeeping on recording stand-ins: which target taps each head row reads, which
 head rows survive verification, and the draft-to-target id mapping of q. (End-to-end exactness on
-exported heads: tests/export/test_eagle_export.py and the end-to-end tests below when a bundle is built.)"""
+exported heads: tests/export/eagle/test_eagle_export.py and the end-to-end tests below when a bundle is built.)"""
 
 from __future__ import annotations
 
@@ -304,22 +304,6 @@ def test_auto_nodes_parse_to_every_candidate_sized_by_cost():
     assert not DynamicTree.parse("4,4,16").by_cost
     with pytest.raises(ConfigError, match="4,4,auto"):
         DynamicTree.parse("4,auto,16")
-
-
-def test_point_mass_tree_children_are_exact_under_sampling():
-    """Two fixed children of the root; the next token's distribution must be p whatever they are."""
-    from specrt.runtime.tree import TokenTree, verify_tree_sampled
-
-    p_root = Dist(None, np.array([0.5, 0.2, 0.2, 0.1]), 4)
-    leaf = Dist(None, np.array([0.25, 0.25, 0.25, 0.25]), 4)
-    tree = TokenTree([0, 2], [-1, -1], points=True)
-    rng = np.random.default_rng(0)
-    n = 40000
-    first = np.zeros(4)
-    for _ in range(n):
-        path, nxt = verify_tree_sampled([p_root, leaf, leaf], tree, rng)
-        first[tree.tokens[path[0]] if path else nxt] += 1
-    assert np.abs(first / n - p_root.dense()).max() < 0.01
 
 
 def test_verify_checks_the_eagle_chain_and_tree(eagle_gen):

@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specrt.runtime.acceptance import accept_chain, dense_residual, verify_chain
 from specrt.runtime.dist import Dist, overlap, residual, top_ids
 from specrt.runtime.rows import LogitRows
 from specrt.runtime.sampling import SamplingConfig, probs_from_logits, sample
-from specrt.runtime.verify import accept_chain, verify_chain
-from specrt.runtime.verify import residual as dense_residual
 from specrt.runtime.warp import warp
 from specrt.theory import acceptance_rate
 

@@ -11,10 +11,10 @@ from test_logits import CONFIGS, QWEN2_VOCAB, _related, check_device_chains, log
 
 from specrt.bundle import contract as C
 from specrt.export.summary_graph import build_summary_model
+from specrt.runtime.acceptance import accept_chain
 from specrt.runtime.backends.summary import SummaryLogits, lse_error_bound
 from specrt.runtime.rows import LogitRows
 from specrt.runtime.sampling import SamplingConfig
-from specrt.runtime.verify import accept_chain
 from specrt.runtime.warp import warp
 
 

@@ -1,4 +1,5 @@
-"""Token trees: masks, one-pass verification equal to chains, exact greedy and sampled acceptance."""
+"""Token trees: shapes, masks, one-pass verification equal to chains, greedy and sampled trees in the loop
+(the acceptance rules themselves: test_acceptance.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,8 @@ import pytest
 
 import specrt
 from specrt.errors import ConfigError
-from specrt.runtime.dist import Dist
 from specrt.runtime.masks import causal_mask, speculation_mask
-from specrt.runtime.tree import (
-    TokenTree,
-    TreeShape,
-    verify_tree_greedy,
-    verify_tree_sampled,
-)
-
-N = 20_000
-
-
-def rows(*dense) -> list[Dist]:
-    """Dense probability rows as the Dists verification reads: [root, node 0, node 1, ...]."""
-    return [Dist.from_probs(r) for r in dense]
+from specrt.runtime.tree import TokenTree, TreeShape
 
 
 def test_tree_shape():
@@ -49,90 +37,6 @@ def test_speculation_mask_against_hand_built_reference():
     assert pos.tolist() == [2, 3, 4, 4, 5]
     plain, plain_pos = speculation_mask(3, 4)
     assert np.array_equal(plain, causal_mask(4, 3)) and plain_pos.tolist() == [3, 4, 5, 6]
-
-
-def test_greedy_tree_follows_the_target_argmax():
-    v = 8
-    #   root -> 3 (node 0) -> 5 (node 2)
-    #        -> 4 (node 1) -> 6 (node 3)
-    tree = TokenTree(tokens=[3, 4, 5, 6], parents=[-1, -1, 0, 1])
-    onehot = np.eye(v)
-    # target: after root 4, after node 1 (4) -> 6, after node 3 (6) -> 2 (bonus)
-    p_root, p_nodes = onehot[4], onehot[[0, 6, 0, 2]]
-    assert verify_tree_greedy(rows(p_root, *p_nodes), tree) == ([1, 3], 2)
-    # target wants 7 after the root: no child carries it -> correction 7, nothing accepted
-    assert verify_tree_greedy(rows(onehot[7], *p_nodes), tree) == ([], 7)
-    # accept node 0 (3), then the target wants 1, which node 2 (5) is not -> correction 1
-    assert verify_tree_greedy(rows(onehot[3], *onehot[[1, 0, 0, 0]]), tree) == ([0], 1)
-
-
-def tree_sequence(p, q, widths, length, rng, rule=verify_tree_sampled):
-    """Emit `length` tokens from position-dependent, context-independent p[t] with sampled trees whose
-    children at depth d are i.i.d. draws from q[t + d]."""
-    out: list[int] = []
-    while len(out) < length:
-        t = len(out)
-        tokens, parents, child_q, frontier = [], [], {-1: Dist.from_probs(q[t])}, [-1]
-        for d, w in enumerate(widths[: length - t - 1]):
-            start = len(tokens)
-            for parent in frontier:
-                for _ in range(w):
-                    tokens.append(child_q[parent].sample(rng))
-                    parents.append(parent)
-            frontier = list(range(start, len(tokens)))
-            for node in frontier:
-                child_q[node] = Dist.from_probs(q[t + d + 1])
-        tree = TokenTree(tokens, parents, child_q)
-        depth = [tree.depth(i) for i in range(len(tokens))]
-        path, nxt = rule(rows(p[t], *[p[t + d + 1] for d in depth]), tree, rng)
-        out += [tokens[i] for i in path] + [nxt]
-    return out[:length]
-
-
-@pytest.mark.parametrize("kind", ["dense", "sparse", "q_equals_p"])
-def test_sampled_tree_is_exact(kind):
-    rng = np.random.default_rng(2024)
-    v, length = 6, 3
-    p = rng.dirichlet(np.ones(v) * 0.7, size=length + 3)
-    q = rng.dirichlet(np.ones(v) * 0.7, size=length + 3)
-    if kind == "sparse":
-        p[:, :2] = 0
-        q[:, -2:] = 0
-        p /= p.sum(1, keepdims=True)
-        q /= q.sum(1, keepdims=True)
-    elif kind == "q_equals_p":
-        q = p.copy()
-    runs = np.array([tree_sequence(p, q, (3, 2), length, rng) for _ in range(N)])
-    bound = np.sqrt(v / N)  # twice the expectation bound, as in test_verify
-    for t in range(length):
-        emp = np.bincount(runs[:, t], minlength=v) / N
-        assert 0.5 * np.abs(emp - p[t]).sum() < bound, t
-
-
-def test_sampled_tree_check_catches_a_missing_residual_update():
-    """Without p <- norm(max(0, p - q)) after a rejected child, siblings get too much mass."""
-    def biased(p_rows, tree, rng):
-        kids = tree.children()
-        node, p, path = -1, p_rows[0], []
-        while kids[node]:
-            q = tree.child_q[node]
-            for child in kids[node]:
-                x = tree.tokens[child]
-                if rng.random() * q.prob(x) < p.prob(x):
-                    path.append(child)
-                    node, p = child, p_rows[1 + child]
-                    break
-            else:
-                break
-        return path, p.sample(rng)
-
-    rng = np.random.default_rng(3)
-    v = 6
-    p = rng.dirichlet(np.ones(v) * 0.7, size=5)
-    q = rng.dirichlet(np.ones(v) * 0.7, size=5)
-    runs = np.array([tree_sequence(p, q, (3,), 2, rng, rule=biased) for _ in range(N)])
-    emp = np.bincount(runs[:, 0], minlength=v) / N
-    assert 0.5 * np.abs(emp - p[0]).sum() > np.sqrt(v / N)
 
 
 @pytest.fixture(scope="module")
