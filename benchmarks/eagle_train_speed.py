@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from specrt.bundle.machine import cpu_name
-from specrt.export.eagle_checkpoint import load_eagle3
-from specrt.export.eagle_data import SequenceCache, _encode_prompt
-from specrt.export.eagle_generate import _continue
-from specrt.export.eagle_train import EagleTrainConfig, optimizer, train_step
+from specrt.export.eagle.checkpoint import load_eagle3
+from specrt.export.eagle.data import SequenceCache, _encode_prompt
+from specrt.export.eagle.generate import continue_prompts
+from specrt.export.eagle.train import EagleTrainConfig, optimizer, train_step
 from specrt.export.loading import load_causal_lm, load_tokenizer
 from specrt.export.precision import generating, native_bf16
 
@@ -78,7 +78,7 @@ def main() -> None:
         for compute in COMPUTES:
             t0 = time.perf_counter()
             with torch.no_grad():
-                seqs = _continue(generating(model, compute), encoded, args.seq_len, 0.7, [tok.eos_token_id],
+                seqs = continue_prompts(generating(model, compute), encoded, args.seq_len, 0.7, [tok.eos_token_id],
                                  torch.Generator().manual_seed(r), taps)
             tokens = sum(len(q.tokens) - q.start - 1 for q in seqs)
             rate = tokens / (time.perf_counter() - t0)

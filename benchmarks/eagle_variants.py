@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from specrt.bundle.machine import cpu_name
-from specrt.export.eagle_data import BatchSampler, SequenceCache
-from specrt.export.eagle_init import head_config, new_head
-from specrt.export.eagle_train import EagleTrainConfig, optimizer, train_step
-from specrt.export.eagle_ttt import evaluate
+from specrt.export.eagle.data import BatchSampler, SequenceCache
+from specrt.export.eagle.init import head_config, new_head
+from specrt.export.eagle.train import EagleTrainConfig, optimizer, train_step
+from specrt.export.eagle.ttt import evaluate
 from specrt.export.loading import load_causal_lm, load_config
 from specrt.export.precision import resolve_compute
 

@@ -1,6 +1,6 @@
 """Two exports of one model, alternating in one process: what a change to the exported graph buys (first
 computing logits only for the rows a pass reads, contract.LOGITS_INDEX; then one node for each residual Add
-and its norm, export/skip_norm.py).
+and its norm, export/graph/skip_norm.py).
 
     python benchmarks/export_ab.py OLD NEW --label L [--lengths 32,128,512] [--step-rows 1,3] [--reps 9] \
         [--gen-reps 3] [--method eagle] [--shared-pool] [--json OUT]   # OUT gains runs[L], keeping the runs it holds

@@ -2,7 +2,7 @@
 quantized on their own, against ``MatMulNBits`` (what ``specrt quantize --bits int8`` writes). Not offered
 by specrt: on SmolLM2-135M it fails the int8 quality gate and its 1-row pass is slower
 (docs/performance/verify-cost-cpu.md). What specrt offers instead splits each row's activations in two halves
-(``specrt quantize --kernel integer``, specrt/export/integer_matmul.py).
+(``specrt quantize --kernel integer``, specrt/export/quant/integer_matmul.py).
 
 Why try it: ``MatMulNBits`` at accuracy level 4 grows almost linearly with rows on CPUs without AVX-512
 (benchmarks/matmul-rows-cpu.json: 72 µs for 1 row, 192 µs for 4), and its result for a row moves with the
@@ -52,7 +52,7 @@ ZERO_POINT = 128  # activations are symmetric int8 stored as uint8, the type MLA
 
 def quantize_columns(weight: np.ndarray, limit: int = WEIGHT_MAX) -> tuple[np.ndarray, np.ndarray]:
     """specrt's symmetric per-output-column int8 (``--kernel integer``'s), 7-bit unless ``limit`` says otherwise."""
-    from specrt.export.integer_matmul import quantize_columns as per_column
+    from specrt.export.quant.integer_matmul import quantize_columns as per_column
 
     return per_column(weight, limit)
 
@@ -158,7 +158,7 @@ def rewrite_matmuls(model, names: set[str] | None = None, limit: int = WEIGHT_MA
         replaced.add(w.name)
         done.append(node.name)
     if done:
-        from specrt.export.integer_matmul import replace_nodes
+        from specrt.export.quant.integer_matmul import replace_nodes
 
         replace_nodes(g, nodes, rw.inits, replaced)
     return done
@@ -175,7 +175,7 @@ def channel_ranges(model, names: list[str], bundle: Path, prompts: list[str]) ->
 
     from specrt.bundle import contract as C
     from specrt.bundle.manifest import load_manifest
-    from specrt.export.quality import prompt_ids
+    from specrt.export.quant.quality import prompt_ids
     from specrt.runtime.masks import causal_mask
 
     manifest = load_manifest(bundle)
@@ -227,7 +227,7 @@ def write_integer_bundle(src: Path, out: Path, limit: int = WEIGHT_MAX, smooth: 
     from onnx import numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from specrt.export.quantize import head_matmuls, untie_lm_head
+    from specrt.export.quant.lookups import head_matmuls, untie_lm_head
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     shutil.rmtree(out, ignore_errors=True)
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrt.bundle.manifest import load_manifest
     from specrt.data import prompts
-    from specrt.export.quality import distribution_parity
+    from specrt.export.quant.quality import distribution_parity
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path, help="a float (fp32) bundle")

@@ -80,7 +80,7 @@ def matmuls_alone(model) -> tuple[object, list[tuple[str, int, int]], int, dict[
 
 
 def without_activation_ops(model) -> bool:
-    """Cut an integer-kernel graph's per-row activation ops (specrt/export/integer_matmul.py: 10 before each
+    """Cut an integer-kernel graph's per-row activation ops (specrt/export/quant/integer_matmul.py: 10 before each
     quantized input, 12 in bundles made before 2026-12-05, 4 after each matmul) to a Concat + Cast before and a
     Split after, in place: the same
     matmuls on rows of the same shapes, wrong numbers, for timing what those ops cost. False: nothing to cut."""

@@ -24,8 +24,8 @@ HF = ROOT / "demo" / "hf"
 
 
 def bundles(work: Path) -> dict[str, Path]:
-    from specrt.export.bundle import ExportOptions, export_bundle
-    from specrt.export.quantize import QuantizeOptions, quantize_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
+    from specrt.export.quant.quantize import QuantizeOptions, quantize_bundle
 
     out = {"fp32": work / "fp32", "fp16": work / "fp16", "int8": work / "int8", "int4": work / "int4",
            "int4-portable": work / "int4-portable"}

@@ -260,7 +260,7 @@ def main() -> None:
     target, draft = build_pair(args.work, args.hidden, args.layers, args.entropy)
     bundle = args.work / "bundle"
     if not (bundle / "specrt.json").exists():
-        from specrt.export.bundle import export_bundle
+        from specrt.export.exporter import export_bundle
 
         export_bundle(str(target), str(draft), bundle)
     peer = build_ortgenai(target, args.work) if args.ortgenai else None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specrt import load
 from specrt.data import prompts as builtin_prompts
-from specrt.export import quantize as q
+from specrt.export.quant import quantize as q
 from specrt.measure.bandwidth import host_bandwidth
 from specrt.measure.bench import BenchConfig, make_peers, run_bench
 

@@ -15,8 +15,8 @@ import dataclasses
 
 import torch
 
-from specrt.export.eagle import Eagle3Head
-from specrt.export.eagle_checkpoint import load_eagle3, save_eagle3
+from specrt.export.eagle.head import Eagle3Head
+from specrt.export.eagle.checkpoint import load_eagle3, save_eagle3
 
 
 def stacked(head: Eagle3Head, seed: int = 0) -> Eagle3Head:

@@ -100,7 +100,7 @@ def build_pair(work: Path) -> Path:
     from support.models import save_pair
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     target, _ = save_pair(work, "llama")
     draft = AutoModelForCausalLM.from_pretrained(target)
@@ -202,7 +202,7 @@ def build_eagle_bundle(work: Path) -> Path:
     """The suite's eagle bundle (tests/conftest.py): a tiny llama target and a random EAGLE-3 head."""
     from support.models import make_tokenizer, save_eagle_head, save_model
 
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     target = save_model(work / "eagle-target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
     head = save_eagle_head(work / "eagle-head", target, seed=3, draft_vocab=240, ascending=False)
@@ -244,8 +244,8 @@ def eagle_train_check(work: Path) -> dict:
     import torch
     from support.models import make_tokenizer, save_model
 
-    from specrt.export.eagle_checkpoint import load_eagle3
-    from specrt.export.eagle_train import EagleTrainConfig, train_eagle
+    from specrt.export.eagle.checkpoint import load_eagle3
+    from specrt.export.eagle.train import EagleTrainConfig, train_eagle
 
     target = save_model(work / "train-target", "llama", seed=1, vocab=288, layers=4, hidden=64, heads=4, kv_heads=2,
                         tokenizer=make_tokenizer(vocab=280))

@@ -55,7 +55,7 @@ PROMPTS = ["def fibonacci(n):\n    ", "import numpy as np\n\nclass Matrix:\n"]
 
 EXPORT = """
 import json, sys, time
-from specrt.export.bundle import ExportOptions, export_bundle
+from specrt.export.exporter import ExportOptions, export_bundle
 t = time.perf_counter()
 m = export_bundle(sys.argv[1], sys.argv[2], sys.argv[3], ExportOptions(dtype=sys.argv[4], force=True))
 print(json.dumps({"export_s": time.perf_counter() - t,

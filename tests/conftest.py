@@ -50,7 +50,7 @@ def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 @pytest.fixture(scope="session")
 def bundles(pairs, tmp_path_factory) -> dict[str, Path]:
     """Each pair exported once with the default (dynamo) exporter: the shipped path."""
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     root = tmp_path_factory.mktemp("bundles")
     return {arch: export_bundle(str(t), str(d), root / arch) and root / arch for arch, (t, d) in pairs.items()}
@@ -66,7 +66,7 @@ def eagle_bundle(tmp_path_factory) -> Path:
     """A tiny llama target exported with a random EAGLE-3 head."""
     from support.models import save_eagle_head
 
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     root = tmp_path_factory.mktemp("eagle-e2e")
     target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
@@ -107,7 +107,7 @@ def close_pair(pairs, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair exported as a user would by default (fused graphs for llama)."""
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     out = tmp_path_factory.mktemp("close-bundle") / "bundle"
     export_bundle(str(close_pair[0]), str(close_pair[1]), out)
@@ -117,7 +117,7 @@ def close_bundle(close_pair, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def portable_close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair with plain-op graphs (what TensorRT builds from)."""
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     out = tmp_path_factory.mktemp("close-portable") / "bundle"
     export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="portable"))
@@ -127,7 +127,7 @@ def portable_close_bundle(close_pair, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gqa_close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair with GroupQueryAttention graphs (`--graph gqa`)."""
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     out = tmp_path_factory.mktemp("close-gqa") / "bundle"
     export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="gqa"))
@@ -137,7 +137,7 @@ def gqa_close_bundle(close_pair, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def self_bundle(pairs, tmp_path_factory) -> Path:
     """Draft == target: greedy chains are always fully accepted (exercises the draft's catch-up)."""
-    from specrt.export.bundle import export_bundle
+    from specrt.export.exporter import export_bundle
 
     target = pairs["llama"][0]
     out = tmp_path_factory.mktemp("self") / "bundle"
@@ -148,7 +148,7 @@ def self_bundle(pairs, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def medusa_bundle(pairs, tmp_path_factory) -> Path:
     """The tiny llama pair plus Medusa heads trained for a few steps on the tests' own sources."""
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
     from specrt.export.medusa import MedusaTrainConfig, train_medusa
 
     root = tmp_path_factory.mktemp("medusa")
@@ -176,7 +176,7 @@ def chat_source(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def chat_bundle(chat_source, tmp_path_factory) -> Path:
     """chat_source exported alone (no draft): chat tests and the server's chat endpoint use it."""
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     out = tmp_path_factory.mktemp("chat-bundle") / "bundle"
     export_bundle(str(chat_source), None, out, ExportOptions(exporter="torchscript"))

@@ -5,7 +5,10 @@
 - ``bundle/`` imports only the leaves (it is what both sides share);
 - ``export/`` never imports ``measure/``, ``check/`` or ``serve/``;
 - ``measure/`` and ``check/`` never import ``export/`` (they read bundles through the runtime);
-- nothing but ``cli`` imports ``cli``.
+- nothing but ``cli`` imports ``cli``;
+- no import circle anywhere in the package (module by module), nor between ``export/``'s rooms (each sub-package
+  and each top-level module one node), so every room has a floor: graph/ and quant/ below eagle/, the orchestrators
+  (pipeline, exporter, torch_backend) on top. docs/design/house.md draws the map.
 A runtime backend that lives on the torch side is registered by its dotted name, not imported.
 """
 
@@ -90,10 +93,10 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     fake = tmp_path / "specrt"
     (fake / "runtime").mkdir(parents=True)
     (fake / "export").mkdir()
-    for f in ("__init__.py", "runtime/__init__.py", "export/__init__.py", "export/bundle.py"):
+    for f in ("__init__.py", "runtime/__init__.py", "export/__init__.py", "export/exporter.py"):
         (fake / f).write_text("")
-    (fake / "runtime" / "loop.py").write_text("def f():\n    from ..export.bundle import export_bundle\n")
-    assert _violations(fake) == ["specrt.runtime.loop imports specrt.export.bundle"]
+    (fake / "runtime" / "loop.py").write_text("def f():\n    from ..export.exporter import export_bundle\n")
+    assert _violations(fake) == ["specrt.runtime.loop imports specrt.export.exporter"]
 
 
 @pytest.mark.parametrize("room", ["bench", "plan", "roofline", "bandwidth", "energy", "report", "doctor",
@@ -118,3 +121,89 @@ def test_the_demo_package_is_the_shipped_bundle_and_its_path_only():
     """The runtime and the server import ``specrt.demo`` for the bundle's path: no training code may live there."""
     assert sorted(p.name for p in (PACKAGE / "demo").glob("*.py")) == ["__init__.py"]
     assert "torch" not in (PACKAGE / "demo" / "__init__.py").read_text()
+
+
+def _graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: the specrt modules it imports}, an attribute import counted by its module, a package's own
+    ``__init__`` left out (importing ``a.b`` runs ``a`` first: that is no dependency on ``a``'s contents)."""
+    known = {_module(p, root) for p in root.rglob("*.py")}
+    graph = {}
+    for path in root.rglob("*.py"):
+        src = _module(path, root)
+        deps = set()
+        for target in _imports(path, root):
+            target = target if target in known else target.rsplit(".", 1)[0]
+            if target in known and target != src and not src.startswith(target + "."):
+                deps.add(target)
+        graph[src] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _export_rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``export/``'s import graph with each sub-package one node (``specrt.export.eagle`` for all of eagle/)."""
+    def room(m: str) -> str | None:
+        parts = m.split(".")
+        return ".".join(parts[:3]) if parts[:2] == ["specrt", "export"] and len(parts) > 2 else None
+
+    rooms: dict[str, set[str]] = {}
+    for src, deps in graph.items():
+        a = room(src)
+        if a is not None:
+            rooms.setdefault(a, set()).update(b for b in map(room, deps) if b is not None and b != a)
+    return rooms
+
+
+def test_no_import_circles():
+    assert _circles(_graph()) == []
+
+
+def test_export_rooms_form_no_circle_and_its_top_level_stays_small():
+    assert _circles(_export_rooms(_graph())) == []
+    top = sorted(p.name for p in (PACKAGE / "export").iterdir() if not p.name.startswith((".", "__pycache__")))
+    assert len(top) <= 16, top
+
+
+def test_the_circle_finder_sees_a_lazy_circle(tmp_path):
+    fake = tmp_path / "specrt"
+    (fake / "export" / "quant").mkdir(parents=True)
+    for f in ("__init__.py", "export/__init__.py", "export/quant/__init__.py", "export/staging.py"):
+        (fake / f).write_text("")
+    (fake / "export" / "quant" / "gguf.py").write_text("from ..staging import save\n")
+    (fake / "export" / "quant" / "quantize.py").write_text("from .gguf import keep\n")
+    assert _circles(_graph(fake)) == [] and _circles(_export_rooms(_graph(fake))) == []
+    (fake / "export" / "staging.py").write_text("def f():\n    from .quant.quantize import x\n")
+    assert _circles(_export_rooms(_graph(fake))) == [["specrt.export.quant", "specrt.export.staging"]]
+    (fake / "export" / "quant" / "gguf.py").write_text("def f():\n    from .quantize import x\n")
+    assert _circles(_graph(fake))[0] == ["specrt.export.quant.gguf", "specrt.export.quant.quantize"]

@@ -72,7 +72,7 @@ def new_value(layer: int) -> str:
     return f"new_value.{layer}"
 
 
-# A "gqa" graph (export/gqa.py: ONNX Runtime's GroupQueryAttention) keeps each layer's cache as ONE buffer
+# A "gqa" graph (export/graph/gqa.py: ONNX Runtime's GroupQueryAttention) keeps each layer's cache as ONE buffer
 # [B, H_kv, capacity, D] (head-major), bound as past_key.N and as present_key.N: the op writes the Q new
 # rows in place at the current length (the mask's width - Q), so nothing is re-bound between passes.
 GQA_GRAPH = "gqa"
@@ -193,7 +193,7 @@ def graph_bytes(path: Path) -> int:
     return sum(graph_file_bytes(path))
 
 
-# The logits summary graph (specrt/data/logits_summary.onnx, built by specrt.export.summary_graph): what a
+# The logits summary graph (specrt/data/logits_summary.onnx, built by specrt.export.graph.summary): what a
 # GPU backend sends up after a pass instead of whole rows of logits. One file serves every bundle, old
 # or new, target or draft (V is dynamic), so the decoder graphs and the CPU path are unchanged.
 #
@@ -209,7 +209,7 @@ SUMMARY_VALUES = "top_values"
 SUMMARY_IDS = "top_ids"
 SUMMARY_LSE = "lse"
 SUMMARY_TOP_K = 64
-SUMMARY_BLOCK = 256  # ids per partial sum of the normaliser (see export/summary_graph.py)
+SUMMARY_BLOCK = 256  # ids per partial sum of the normaliser (see export/graph/summary.py)
 SUMMARY_ENGINE = "summary"  # its TensorRT engine's role in the manifest's engines (specrt build)
 
 

@@ -14,7 +14,7 @@ from .contract import graph_bytes
 
 SOURCES = ("manifest", "onnx graph", "estimated from file size and dtype")
 # Ops that hand a constant to a MatMul unchanged in size: a tied LM head reads the embedding table
-# through Transpose (see export.quantize.untie_lm_head), fp16 graphs may Cast.
+# through Transpose (see export.quant.lookups.untie_lm_head), fp16 graphs may Cast.
 _PASS_THROUGH = ("Transpose", "Cast", "Identity")
 
 

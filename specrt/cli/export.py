@@ -86,17 +86,17 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     with torch_side("export"):
         from transformers.utils import logging as hf_logging
 
-        from ..export.bundle import ExportOptions
+        from ..export.exporter import ExportOptions
     from ..export.pipeline import describe, export_pipeline
     from ..export.progress import RichReporter
-    from ..export.quantize import QuantizeOptions
+    from ..export.quant.quantize import QuantizeOptions
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     dtypes = {"fp32": "float32", "fp16": "float16"}
     options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
                             medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
-    from ..export.gguf import find_gguf
+    from ..export.quant.gguf import find_gguf
 
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
     # A GGUF target keeps its blocks without --quantize; --draft-quantize none then still means a float draft.
@@ -136,7 +136,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_b
       specrt quantize bundle -o bundle-i8 --bits int8 --kernel integer          # cheap verify rows on a CPU
       specrt quantize bundle -o bundle-q8 --bits int8 --kernel auto             # the faster int8 on this CPU
     """
-    from ..export.quantize import QuantizeOptions, describe, quantize_bundle
+    from ..export.quant.quantize import QuantizeOptions, describe, quantize_bundle
 
     options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
                               embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
@@ -321,7 +321,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     from ..measure.bench import read_prompts
 
     with torch_side("eagle train"):
-        from ..export.eagle_train import WRITTEN_NAME, EagleTrainConfig, train_eagle
+        from ..export.eagle.train import WRITTEN_NAME, EagleTrainConfig, train_eagle
         from ..export.precision import resolve_compute, resolve_device
         from ..export.progress import rich_progress
     cfg = EagleTrainConfig(steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
@@ -378,7 +378,7 @@ def eagle_prune(model: str, head: str, output: str, keep: int, text_files: tuple
       specrt export ./smollm2 --eagle head-4k -o bundle
     """
     with torch_side("eagle prune"):
-        from ..export.eagle_prune import prune_eagle
+        from ..export.eagle.prune import prune_eagle
     r = prune_eagle(model, head, output, keep, text_files)
     click.echo(f"wrote {output}: {r.kept:,} of {r.draft_vocab:,} draft ids, covering {100 * r.coverage_after:.1f} % "
                f"of the {r.counted:,} tokens counted (all {r.draft_vocab:,}: {100 * r.coverage_before:.1f} %; counted "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelLoadError, UnsupportedArchitectureError
-from .architectures import adapter_for
+from .graph.architectures import adapter_for
 
 _DTYPES = {"float32": "float32", "float16": "float16"}
 
@@ -45,7 +45,7 @@ def load_causal_lm(source: str, dtype: str):
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    from .gguf import find_gguf
+    from .quant.gguf import find_gguf
 
     gguf = find_gguf(source)  # None for a folder or a hub id
     where = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name} if gguf else \

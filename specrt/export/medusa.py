@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
-from .architectures import DecoderWrapper, adapter_for
+from .graph.architectures import DecoderWrapper, adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
 
 CONFIG_NAME = "medusa_config.json"
@@ -229,7 +229,7 @@ def export_heads(heads: MedusaHeads, path: Path, hidden_dtype: torch.dtype, topk
 
     from ..errors import ParityError
     from ..runtime.backends.onnxruntime import session_options
-    from .onnx_export import quiet_tracer
+    from .graph.trace import quiet_tracer
 
     graph = MedusaTopK(heads.to(hidden_dtype), topk)
     example = torch.randn(1, 3, heads.blocks[0].in_features, dtype=hidden_dtype)

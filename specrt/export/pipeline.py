@@ -16,9 +16,9 @@ from ..errors import SpecrtError
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
-    from .bundle import ExportOptions
+    from .exporter import ExportOptions
     from .progress import Reporter
-    from .quantize import QuantizeOptions
+    from .quant.quantize import QuantizeOptions
 
 # The one install line for everything torch-side (export, medusa train, the Hugging Face peers). torch
 # first: an unpinned torch resolves to a multi-GB CUDA build.
@@ -39,9 +39,9 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
 
     ``model`` / ``draft`` may be llama.cpp GGUF files (or folders holding one): they are read through
     transformers into Hugging Face folders in that hidden folder, exported, and each role not given bits of
-    its own keeps the file's Q4_0 / Q4_1 / Q8_0 blocks as they are (:mod:`specrt.export.gguf`)."""
-    from .bundle import export_bundle
-    from .gguf import find_gguf, has_blocks
+    its own keeps the file's Q4_0 / Q4_1 / Q8_0 blocks as they are (:mod:`specrt.export.quant.gguf`)."""
+    from .exporter import export_bundle
+    from .quant.gguf import find_gguf, has_blocks
     from .progress import SilentReporter
 
     reporter = reporter or SilentReporter()
@@ -49,7 +49,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
     ggufs = {role: path for role, path in ggufs.items() if path is not None}
     if quantize is None and not ggufs:
         return export_bundle(model, draft, output, options, reporter)
-    from .quantize import QuantizeOptions, quantize_bundle
+    from .quant.quantize import QuantizeOptions, quantize_bundle
     from .staging import check_output
 
     out = Path(output)
@@ -88,7 +88,7 @@ def _keeps_blocks(quantize: QuantizeOptions | None, role: str) -> bool:
 
 
 def _staged_gguf(path: Path, folder: Path, reporter: Reporter) -> str:
-    from .gguf import stage
+    from .quant.gguf import stage
 
     with reporter.step(f"Reading {path.name} (GGUF: config, tokenizer, weights dequantized by transformers)"):
         return str(stage(path, folder))
@@ -98,7 +98,7 @@ def describe(manifest: Manifest) -> str:
     """What ``specrt export`` prints of a bundle: per model its graph and parity against PyTorch (for a
     quantized bundle, its bits and parity against the float one) and the Medusa tree."""
     if any(e.quantization for e in manifest.models.values()):
-        from .quantize import describe as describe_quantized
+        from .quant.quantize import describe as describe_quantized
 
         return describe_quantized(manifest)
     from ..bundle.parity import describe as describe_parity

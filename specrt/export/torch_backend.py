@@ -84,7 +84,7 @@ def call(wrapper, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past
                                                                  tuple[torch.Tensor, ...]]:
     """(logits, hidden, taps or None, new K/V) of a decoder (``DecoderWrapper``, with taps or not) or of an
     EAGLE-3 head (``HeadWrapper``, which also reads ``extra``: its taps and features rows)."""
-    from .eagle_export import HeadWrapper
+    from .eagle.graph import HeadWrapper
 
     if isinstance(wrapper, HeadWrapper):
         logits, hidden, *new = wrapper(ids, pos, mask, extra[C.EAGLE_TAPS], extra[C.EAGLE_FEATURES], past)
@@ -186,7 +186,7 @@ class TorchDecoder:
         """``device_logits``: leave logits on the device and send up only what each step needs
         (default: on a GPU, where the copy of every [Q, V] row is what costs). ``capture``: how a
         static step becomes a replayable graph (:func:`cuda_capture`; tests pass a host stand-in)."""
-        from .architectures import DecoderWrapper, adapter_for
+        from .graph.architectures import DecoderWrapper, adapter_for
         from .loading import load_causal_lm
 
         source = Path(entry.source)
@@ -272,8 +272,8 @@ def _head_wrapper(bundle_dir: Path, entry: ModelEntry):
     """The head the bundle's EAGLE-3 graph was exported from, as that graph computes it: its lm_head rows in
     the bundle's ascending vocabulary map, the target's embedding table where the head ships none."""
     from ..bundle.manifest import load_manifest
-    from .eagle_checkpoint import load_eagle3
-    from .eagle_export import HeadWrapper, ascending_vocab, export_copy
+    from .eagle.checkpoint import load_eagle3
+    from .eagle.graph import HeadWrapper, ascending_vocab, export_copy
     from .loading import load_causal_lm
 
     manifest = load_manifest(bundle_dir)

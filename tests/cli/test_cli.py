@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specrt.cli import main
-from specrt.export.architectures import supported_model_types
+from specrt.export.graph.architectures import supported_model_types
 
 
 def invoke(*args: str):

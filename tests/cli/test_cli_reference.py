@@ -38,7 +38,7 @@ def test_the_reference_holds_every_command_and_does_not_depend_on_the_terminal(m
 
 
 def test_graph_help_names_the_fused_architectures():
-    from specrt.export.architectures import adapter_for, supported_model_types
+    from specrt.export.graph.architectures import adapter_for, supported_model_types
 
     ctx = click.Context(main.commands["export"], info_name="export", terminal_width=1000)
     help_text = main.commands["export"].get_help(ctx)

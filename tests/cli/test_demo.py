@@ -54,7 +54,7 @@ def test_specrt_run_without_bundle_uses_the_demo():
 
 
 def test_the_shipped_checkpoints_export(tmp_path):
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     record = json.loads((HF / "training.json").read_text())
     assert 0.0 <= record["alpha"]["alpha_greedy"] <= 1.0

@@ -27,7 +27,7 @@ SHOWN_LANGS = {"text"}
 # Commands that may appear only in shown (```text) blocks, and why they are not run here.
 NOT_RUN = {"serve": "starts a server that runs until it is stopped",
            "build": "needs TensorRT and an NVIDIA GPU",
-           # The same steps run on tiny models in tests/export/test_eagle_train.py, test_eagle_export.py and
+           # The same steps run on tiny models in tests/export/eagle/test_eagle_train.py, test_eagle_export.py and
            # tests/runtime/test_eagle_runtime.py.
            "eagle": "trains a head on a real model for tens of minutes"}
 # The "your own model" commands name real hub checkpoints; the tests reach no network, so each hub id is

@@ -21,9 +21,9 @@ from specrt.errors import (
     UnsupportedArchitectureError,
     VocabMismatchError,
 )
-from specrt.export import bundle as bundle_mod
-from specrt.export.bundle import ExportOptions, export_bundle
-from specrt.export.parity import ParityCases, check_parity, reference_outputs
+from specrt.export import exporter as bundle_mod
+from specrt.export.exporter import ExportOptions, export_bundle
+from specrt.export.graph.parity import ParityCases, check_parity, reference_outputs
 from specrt.runtime.backends import create_decoder
 from specrt.runtime.masks import causal_mask
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from specrt.errors import ExportProcessError, ModelLoadError
-from specrt.export.bundle import ExportOptions, export_bundle
+from specrt.export.exporter import ExportOptions, export_bundle
 from specrt.export.isolation import run_isolated
 
 

@@ -175,7 +175,7 @@ def test_graph_capture_never_touches_the_valid_cache_rows(close_bundle, monkeypa
 def test_every_tensor_of_a_forward_is_made_on_the_model_device(close_bundle):
     """PyTorch's meta device refuses to mix devices as CUDA does: a tensor the forward creates on the
     CPU (the additive mask once was) fails here, on a machine without a GPU."""
-    from specrt.export.architectures import DecoderWrapper, adapter_for
+    from specrt.export.graph.architectures import DecoderWrapper, adapter_for
     from specrt.export.loading import load_causal_lm
     from specrt.export.torch_backend import TorchKVCache
 

@@ -10,7 +10,9 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from specrt.export.eagle import Eagle3Config, Eagle3Head
+from specrt.export.eagle.config import Eagle3Config
+
+from specrt.export.eagle.head import Eagle3Head
 
 H, HEADS, KV, INNER, V, D = 48, 4, 2, 96, 200, 64
 

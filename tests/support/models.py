@@ -172,8 +172,10 @@ def save_eagle_head(folder: Path, target: Path, *, seed: int = 0, draft_vocab: i
     needs ``embedding=True``, a head that ships its own embed_tokens]."""
     from transformers import AutoConfig
 
-    from specrt.export.eagle import Eagle3Config, Eagle3Head
-    from specrt.export.eagle_checkpoint import save_eagle3
+    from specrt.export.eagle.config import Eagle3Config
+
+    from specrt.export.eagle.head import Eagle3Head
+    from specrt.export.eagle.checkpoint import save_eagle3
 
     t = AutoConfig.from_pretrained(target)  # GPT-2's n_embd reads as hidden_size too
     width = hidden or t.hidden_size
@@ -201,8 +203,9 @@ def save_eagle_head(folder: Path, target: Path, *, seed: int = 0, draft_vocab: i
 
 def tiny_head_and_batch():
     """A 20-id draft head over a 50-id target and 3 cached sequences of 10 rows (scored from start to stop)."""
-    from specrt.export.eagle import Eagle3Config, Eagle3Head
-    from specrt.export.eagle_data import SequenceCache
+    from specrt.export.eagle.config import Eagle3Config
+    from specrt.export.eagle.head import Eagle3Head
+    from specrt.export.eagle.data import SequenceCache
 
     cfg = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                        vocab_size=50, draft_vocab_size=20, target_hidden_size=24)

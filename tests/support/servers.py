@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = "specrt-demo"  # the demo bundle's model id
+LONG_PROMPT = "def fib(n):"  # greedy on the demo runs the full 1000 tokens (no EOS): ~7-10 s on 2 cores
 
 
 def free_port() -> int:
@@ -98,6 +100,20 @@ class Server:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"the server did not stop within {timeout} s:\n{self.log.read_text()}") from None
+
+
+def stopped_cleanly(server: Server) -> None:
+    """Stop ``server`` with SIGTERM and check that it exited 0."""
+    rc = server.stop()
+    assert rc == 0, f"exit code {rc}:\n{server.log.read_text()}"
+
+
+def error_of(status_body: tuple[int, dict, bytes]) -> dict:
+    """The ``error`` object of an answer from :meth:`Server.request`, checked to leak no traceback or path."""
+    status, _, body = status_body
+    text = body.decode()
+    assert "Traceback" not in text and str(ROOT) not in text and "/site-packages/" not in text
+    return json.loads(text)["error"]
 
 
 def open_stream(server: Server, body: dict, headers: dict | None = None) -> http.client.HTTPConnection:

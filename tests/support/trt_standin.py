@@ -50,27 +50,35 @@ def make_tensorrt(version: str) -> types.ModuleType:
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.calls = []
-
-    def method(cls, name: str, fn) -> None:
-        if name in names:  # absent from this version's bindings: an AttributeError, as there
-            setattr(cls, name, fn)
-
     trt.BuilderFlag = _enum(names, "BuilderFlag", {"FP16": 0, "BF16": 1, "INT8": 2, "TF32": 3},
                             PRECISION_FLAG_DOCS)
     trt.NetworkDefinitionCreationFlag = _enum(names, "NetworkDefinitionCreationFlag",
                                               {"EXPLICIT_BATCH": 0, "STRONGLY_TYPED": 1})
     trt.MemoryPoolType = _enum(names, "MemoryPoolType", {"WORKSPACE": 0})
+    trt.nptype = _nptype
+    for cls in (Logger, _builder(trt, names), _onnx_parser(names), _runtime(names)):
+        setattr(trt, cls.__name__, cls)
+    return trt
 
-    class Logger:
-        WARNING, ERROR, INFO = 2, 1, 3
 
-        def __init__(self, severity: int = 2) -> None:
-            self.severity = severity
+def _method(names: Names, cls: type, name: str, fn) -> None:
+    if name in names:  # absent from this version's bindings: an AttributeError, as there
+        setattr(cls, name, fn)
 
-    class INetworkDefinition:
-        def __init__(self, flags: int) -> None:
-            self.flags = flags
-            self.strongly_typed = bool(flags & (1 << getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", 99)))
+
+def _nptype(trt_type):  # tensorrt_bindings/__init__.py: DataType -> numpy type
+    return np.dtype(trt_type).type
+
+
+class Logger:
+    WARNING, ERROR, INFO = 2, 1, 3
+
+    def __init__(self, severity: int = 2) -> None:
+        self.severity = severity
+
+
+def _builder_config(names: Names) -> tuple[type, type]:
+    """``IOptimizationProfile`` and ``IBuilderConfig`` (with the timing cache it makes) of one version."""
 
     class IOptimizationProfile:
         def __init__(self) -> None:
@@ -81,24 +89,37 @@ def make_tensorrt(version: str) -> types.ModuleType:
             raise ValueError(f"{name}: min <= opt <= max does not hold for {lo} {opt} {hi}")
         self.shapes[name] = (tuple(lo), tuple(opt), tuple(hi))
 
-    method(IOptimizationProfile, "set_shape", set_shape)
+    _method(names, IOptimizationProfile, "set_shape", set_shape)
 
     class ITimingCache:
         def __init__(self, blob: bytes) -> None:
             self.blob = blob
 
-    method(ITimingCache, "serialize", lambda self: b"timing" + self.blob[:0])
+    _method(names, ITimingCache, "serialize", lambda self: b"timing" + self.blob[:0])
 
     class IBuilderConfig:
         def __init__(self) -> None:
             self.flags, self.profiles, self.pools, self.cache = [], [], {}, None
 
-    method(IBuilderConfig, "set_memory_pool_limit", lambda self, pool, size: self.pools.__setitem__(pool, size))
-    method(IBuilderConfig, "set_flag", lambda self, flag: self.flags.append(flag))
-    method(IBuilderConfig, "add_optimization_profile", lambda self, p: self.profiles.append(p) or len(self.profiles) - 1)
-    method(IBuilderConfig, "create_timing_cache", lambda self, blob: ITimingCache(bytes(blob)))
-    method(IBuilderConfig, "set_timing_cache", lambda self, cache, ignore_mismatch: setattr(self, "cache", cache) or True)
-    method(IBuilderConfig, "get_timing_cache", lambda self: self.cache)
+    _method(names, IBuilderConfig, "set_memory_pool_limit", lambda self, pool, size: self.pools.__setitem__(pool, size))
+    _method(names, IBuilderConfig, "set_flag", lambda self, flag: self.flags.append(flag))
+    _method(names, IBuilderConfig, "add_optimization_profile",
+            lambda self, p: self.profiles.append(p) or len(self.profiles) - 1)
+    _method(names, IBuilderConfig, "create_timing_cache", lambda self, blob: ITimingCache(bytes(blob)))
+    _method(names, IBuilderConfig, "set_timing_cache",
+            lambda self, cache, ignore_mismatch: setattr(self, "cache", cache) or True)
+    _method(names, IBuilderConfig, "get_timing_cache", lambda self: self.cache)
+    return IOptimizationProfile, IBuilderConfig
+
+
+def _builder(trt: types.ModuleType, names: Names) -> type:
+    """``Builder``: networks, configs and profiles; a build records its call and serializes the ONNX path."""
+    profile_class, config_class = _builder_config(names)
+
+    class INetworkDefinition:
+        def __init__(self, flags: int) -> None:
+            self.flags = flags
+            self.strongly_typed = bool(flags & (1 << getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", 99)))
 
     class Builder:
         def __init__(self, logger: Logger) -> None:
@@ -109,11 +130,14 @@ def make_tensorrt(version: str) -> types.ModuleType:
         return memoryview(json.dumps({"onnx": network.source, "strongly_typed": network.strongly_typed,
                                       "profiles": len(config.profiles)}).encode())
 
-    method(Builder, "create_network", lambda self, flags=0: INetworkDefinition(flags))
-    method(Builder, "create_builder_config", lambda self: IBuilderConfig())
-    method(Builder, "create_optimization_profile", lambda self: IOptimizationProfile())
-    method(Builder, "build_serialized_network", build_serialized_network)
+    _method(names, Builder, "create_network", lambda self, flags=0: INetworkDefinition(flags))
+    _method(names, Builder, "create_builder_config", lambda self: config_class())
+    _method(names, Builder, "create_optimization_profile", lambda self: profile_class())
+    _method(names, Builder, "build_serialized_network", build_serialized_network)
+    return Builder
 
+
+def _onnx_parser(names: Names) -> type:
     class OnnxParser:
         def __init__(self, network, logger) -> None:
             self.network, self.errors = network, []
@@ -123,10 +147,14 @@ def make_tensorrt(version: str) -> types.ModuleType:
         self.network.source = path
         return True
 
-    method(OnnxParser, "parse_from_file", parse_from_file)
-    method(OnnxParser, "get_error", lambda self, i: self.errors[i])
+    _method(names, OnnxParser, "parse_from_file", parse_from_file)
+    _method(names, OnnxParser, "get_error", lambda self, i: self.errors[i])
     OnnxParser.num_errors = property(lambda self: len(self.errors)) if "num_errors" in names else None
+    return OnnxParser
 
+
+def _runtime(names: Names) -> type:
+    """``Runtime``: an "engine" deserializes to its ONNX graph, whose contexts run it on ONNX Runtime."""
     from support.fake_device import OrtEngineContext
 
     class IExecutionContext(OrtEngineContext):
@@ -136,8 +164,8 @@ def make_tensorrt(version: str) -> types.ModuleType:
             super().__init__(ort.InferenceSession(engine.onnx, providers=["CPUExecutionProvider"]))
             self.profile = None
 
-    method(IExecutionContext, "set_optimization_profile_async",
-           lambda self, index, stream: setattr(self, "profile", index) or True)
+    _method(names, IExecutionContext, "set_optimization_profile_async",
+            lambda self, index, stream: setattr(self, "profile", index) or True)
     for name in ("set_input_shape", "set_tensor_address", "execute_async_v3"):
         assert name in names, name  # inherited from the host stand-in: the real context has them too
 
@@ -146,21 +174,14 @@ def make_tensorrt(version: str) -> types.ModuleType:
             record = json.loads(bytes(blob))
             self.onnx, self.num_optimization_profiles = record["onnx"], record["profiles"]
 
-    method(ICudaEngine, "create_execution_context", lambda self: IExecutionContext(self))
+    _method(names, ICudaEngine, "create_execution_context", lambda self: IExecutionContext(self))
 
     class Runtime:
         def __init__(self, logger: Logger) -> None:
             self.logger = logger
 
-    method(Runtime, "deserialize_cuda_engine", lambda self, blob: ICudaEngine(blob))
-
-    def nptype(trt_type):  # tensorrt_bindings/__init__.py: DataType -> numpy type
-        return np.dtype(trt_type).type
-
-    trt.nptype = nptype
-    for cls in (Logger, Builder, OnnxParser, Runtime):
-        setattr(trt, cls.__name__, cls)
-    return trt
+    _method(names, Runtime, "deserialize_cuda_engine", lambda self, blob: ICudaEngine(blob))
+    return Runtime
 
 
 def fake_cudart(major: int = 9, minor: int = 0):

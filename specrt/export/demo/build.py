@@ -94,7 +94,7 @@ def train_eagle_head(target: Path, out: Path, work: Path, overrides: dict | None
                      doc_bytes: int = EAGLE_DOC_BYTES, num_prompts: int = EAGLE_PROMPTS) -> Path:
     """An EAGLE-3 head for the demo ``target`` checkpoint into ``out`` (fp16, the published layout); its text
     documents are written under ``work``."""
-    from ..eagle_train import EagleTrainConfig, train_eagle
+    from ..eagle.train import EagleTrainConfig, train_eagle
     from ..progress import rich_progress
 
     prompts = eagle_data(work / "eagle_docs", doc_bytes, num_prompts)
@@ -124,7 +124,7 @@ def export_shipped(hf_out: Path = HF_DIR, bundle_out: Path = BUNDLE, heads: Path
                    reporter=None, eagle: Path | None = None) -> None:
     """Export the checkpoints in ``hf_out`` (+ Medusa ``heads``, an EAGLE-3 head ``eagle``) into ``bundle_out``,
     checked against PyTorch."""
-    from ..bundle import ExportOptions, export_bundle
+    from ..exporter import ExportOptions, export_bundle
     from ..progress import SilentReporter
 
     # Sources are recorded relative to the repo root (where `--backend torch` and `bench --compare hf`

@@ -221,7 +221,7 @@ def hf_folder(checkpoint: Path, cache_dir: Path, on_progress: Callable[[str], No
     folder = Path(cache_dir) / f"{checkpoint.stem}-{where}-hf"
     if on_progress:
         on_progress(f"reading {checkpoint.name} into a Hugging Face folder")
-    proc = subprocess.run([sys.executable, "-m", "specrt.export.gguf", str(checkpoint), str(folder)],
+    proc = subprocess.run([sys.executable, "-m", "specrt.export.quant.gguf", str(checkpoint), str(folder)],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -1,0 +1,293 @@
+"""Weight-only int4 / int8 bundles with ONNX Runtime's own quantizer (``MatMulNBits``), checked by
+distribution against the bundle they came from. Torch-free: it rewrites ONNX graphs.
+
+Every MatMul with a constant weight is quantized, the LM head included: with tied embeddings the head
+reads the embedding matrix through a Transpose, which the quantizer cannot see as a constant, so the
+head gets its own (transposed) copy first and the embedding lookup keeps the float matrix.
+Speculation over a quantized target is exact with respect to that quantized target. Each role has its
+own bits: the target may stay float while the draft or the EAGLE-3 head is quantized (a proposer's bits
+change how often it is right, never what the target emits). A quantized head has no distribution gate:
+what it keeps is measured as its first-draft acceptance on the float pair and on the quantized pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+
+from ...bundle import contract as C
+from ...bundle.files import graph_cost
+from ...bundle.manifest import Manifest, load_manifest
+from ...errors import ConfigError, SpecrtError
+from .lookups import head_matmuls, quantize_lookups, tied_heads, untie_lm_head
+from .quality import distribution_parity, head_acceptance
+from ..staging import load_graph, save_graph, staged
+
+BITS = (4, 8)
+BLOCK_SIZES = (16, 32, 64, 128)
+# Distributional parity of a quantized graph against its float source, on the shipped prompts
+# (measured on the demo pair: int4 KL 0.005-0.012 nats, int8 0.0001; thresholds leave ~10x room).
+# Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
+MAX_MEAN_KL = {4: 0.1, 8: 0.01}
+ALGORITHMS = ("rtn", "hqq")
+KERNELS = ("nbits", "integer", "auto")
+MIN_TOP1 = {4: 0.85, 8: 0.95}
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """Bits per role: ``bits`` for the target (None: it stays float), ``draft_bits`` and ``eagle_bits`` each
+    "same" (as the target), None (float) or 4 / 8."""
+
+    bits: int | None = 4
+    block_size: int = 32
+    draft_bits: int | None | str = "same"
+    accuracy_level: int = 4  # MatMulNBits: int8 activations, so the CPU kernel uses int8 dot products
+    force: bool = False
+    eagle_bits: int | None | str = "same"
+    # The target's and draft's embedding lookups at int8 too (GatherBlockQuantized; gated like the rest).
+    # A quantized EAGLE-3 head's lookup (a copy of the target's table) always is: it only proposes.
+    embeddings: bool = False
+    # Roles whose float graph came from a GGUF file: (role, path) pairs. Those keep the file's Q4_0 / Q4_1 /
+    # Q8_0 blocks as they are (specrt.export.quant.gguf) instead of being quantized at ``bits``.
+    gguf: tuple[tuple[str, str], ...] = ()
+    # int4 weights: "rtn" (symmetric round-to-nearest) or "hqq" (ORT's half-quadratic quantizer: asymmetric,
+    # scales and zero points fitted per block). int8 weights are always RTN.
+    algorithm: str = "rtn"
+    # The LM head's blocks (and the int8 lookups', which share a tied head's bytes) when not ``block_size``:
+    # a small head block with larger ones elsewhere keeps the logits close for fewer scale bytes.
+    head_block_size: int | None = None
+    # int8 matmuls on "nbits" (MatMulNBits, blocks of ``block_size``) or "integer" (specrt.export.quant.integer_matmul:
+    # cheap extra rows, row-independent numerics), or "auto": the target's int8 graph made both ways and timed
+    # here (specrt.export.quant.kernel_choice), the other roles following it. Lookups and int4 weights stay as they are.
+    kernel: str = "nbits"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"--kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.kernel == "integer" and 4 in (self.bits, self.draft_bits, self.eagle_bits):
+            raise ConfigError("--kernel integer is for int8 weights only: give int4 roles --kernel nbits")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.bits not in (None, *BITS):
+            raise ConfigError(f"--quantize must be int4 or int8, got {self.bits} bits")
+        for size in (self.block_size, self.head_block_size or self.block_size):
+            if size not in BLOCK_SIZES:
+                raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {size}")
+        for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits)):
+            if value not in ("same", None, *BITS):
+                raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
+        if (self.bits is None and self.draft_bits in ("same", None) and self.eagle_bits in ("same", None)
+                and not self.gguf):
+            raise ConfigError("nothing to quantize: the target stays float and so do the draft and the EAGLE-3 head "
+                              "(give --draft-quantize or --eagle-quantize int4/int8)")
+
+    def bits_for(self, role: str) -> int | None:
+        if self.gguf_for(role) is not None:
+            return None
+        own = {"draft": self.draft_bits, "eagle": self.eagle_bits}.get(role, "same")
+        return self.bits if own == "same" else own  # type: ignore[return-value]
+
+    def gguf_for(self, role: str) -> Path | None:
+        return next((Path(path) for r, path in self.gguf if r == role), None)
+
+
+def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_level: int,
+                   lookups: bool = False, algorithm: str = "rtn", head_block_size: int | None = None,
+                   kernel: str = "nbits") -> dict:
+    """Quantize every constant-weight MatMul of ``path`` into ``out`` (``lookups``: the embedding lookups too,
+    at int8; ``algorithm``: "rtn" or, for int4, "hqq"; ``head_block_size``: the LM head's and the lookups'
+    blocks, when not ``block_size``; ``kernel``: "integer", int8 on MatMulIntegerToFloat); what was done, as a record."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    hqq = algorithm == "hqq" and bits == 4
+    if hqq:
+        try:
+            import torch  # noqa: F401  (ORT's HQQ fits blocks with torch)
+        except ImportError:
+            raise SpecrtError("--algorithm hqq needs torch (ONNX Runtime's HQQ quantizer runs on it): "
+                              "pip install torch==2.13.0") from None
+
+    model = load_graph(path)
+    if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):
+        raise ConfigError(f"{path.name} is already quantized")
+    untied = untie_lm_head(model)
+    before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
+    if kernel == "integer":  # its lookups share no bytes with the head: no need to find the tied tables
+        from .integer_matmul import integer_graph
+
+        return integer_graph(model, path, out, lookups, head_block_size or block_size, untied is not None, before)
+    tied = tied_heads(model) if lookups else {}
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    heads = head_matmuls(model) if head_block_size not in (None, block_size) else []
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in heads]
+    # The LM head at its own block size first (it and the lookup sharing its bytes decide the logits most
+    # directly), then every other MatMul (the quantizer's nodes_to_include adds to its op types, it does not
+    # restrict them: exclusion does).
+    for size, exclude in ([(head_block_size, others)] if heads else []) + [(block_size, heads)]:
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=size, is_symmetric=not hqq,
+                                         accuracy_level=accuracy_level, nodes_to_exclude=exclude or None,
+                                         algo_config=HQQWeightOnlyQuantConfig(block_size=size, bits=4) if hqq else None)
+        quantizer.process()
+        model = quantizer.model.model
+    qmodel = model
+    if hqq:
+        # ORT's HQQ path writes float zero points (a CPU kernel 20-40x slower than the integer one) and no
+        # accuracy level (fp32 arithmetic): the integer kernel plus a per-block float term, at the level asked.
+        from .block_term import split_float_zero_points
+
+        split_float_zero_points(qmodel, block_size)
+        for node in qmodel.graph.node:
+            if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
+    head_size = head_block_size if heads else block_size
+    tables = quantize_lookups(qmodel, head_size, tied) if lookups else []
+    after = {n.name for n in qmodel.graph.node if n.op_type == "MatMul"}
+    save_graph(qmodel, out)
+    return {"bits": bits, "block_size": block_size, **({"head_block_size": head_size} if heads else {}),
+            "accuracy_level": accuracy_level, "symmetric": not hqq,
+            "algorithm": "hqq" if hqq else "rtn", "format": "MatMulNBits", "quantized_matmuls": sorted(before - after), "lm_head_untied": untied is not None,
+            **({"quantized_lookups": tables, "lookup_bits": 8, "lookup_shares_lm_head": sorted(set(tables) & set(tied))}
+               if tables else {}),
+            "bytes_before": C.graph_bytes(path), "bytes_after": C.graph_bytes(out)}
+
+
+def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions = QuantizeOptions(),
+                    prompts: list[str] | None = None, progress: Callable[[str], None] | None = None) -> Manifest:
+    """Write a quantized copy of bundle ``src`` to ``out``; it appears only once every model passed its
+    distributional parity check against ``src``."""
+    from ...data import prompts as builtin_prompts
+
+    try:
+        import onnx  # noqa: F401  (the runtime-only install has onnxruntime but not onnx)
+    except ImportError:
+        raise SpecrtError("quantizing needs the onnx package: pip install onnx (torch is not needed)") from None
+    src, out = Path(src), Path(out)
+    manifest = load_manifest(src)
+    for role, entry in manifest.models.items():
+        if entry.quantization:
+            raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
+                              "quantize the float bundle it came from")
+        for size in {options.block_size, options.head_block_size or options.block_size}:
+            if options.bits_for(role) is not None and entry.dims.hidden_size % size:
+                raise ConfigError(f"block size {size} does not divide the {role}'s hidden size "
+                                  f"{entry.dims.hidden_size}")
+    prompts = prompts if prompts is not None else builtin_prompts("all")
+    models = dict(manifest.models)
+    with staged(out, options.force) as tmp:
+        for item in src.iterdir():
+            if item.name != "engines":  # engines belong to the float graphs
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        kernel = "nbits" if options.kernel == "auto" else options.kernel  # auto: until the target's is timed
+        for role, entry in sorted(manifest.models.items(), key=lambda item: item[0] != "target"):
+            bits, gguf = options.bits_for(role), options.gguf_for(role)
+            if bits is None and gguf is None:
+                continue
+            timed = options.kernel == "auto" and role == "target" and bits == 8 and gguf is None
+            if progress and not timed:
+                progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
+                         f"{role}: int8 on the integer kernel" if kernel == "integer" and bits == 8 else
+                         f"{role}: int{bits}, blocks of {options.block_size}"
+                         + (f" (LM head and lookups: {options.head_block_size})"
+                            if options.head_block_size not in (None, options.block_size) else ""))
+            data = tmp / (entry.file + ".data")
+            data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
+            if gguf is not None:
+                from .gguf import keep_blocks
+
+                record = keep_blocks(src / entry.file, tmp / entry.file, gguf, options.accuracy_level)
+                bits = record["bits"]
+            else:
+                def write(out: Path, how: str, entry=entry, bits=bits) -> dict:
+                    return quantize_graph(src / entry.file, out, bits, options.block_size, options.accuracy_level,
+                                          lookups=options.embeddings or entry.kind == "eagle3",
+                                          algorithm=options.algorithm, head_block_size=options.head_block_size,
+                                          kernel=how if bits == 8 else "nbits")
+
+                if timed:
+                    from .kernel_choice import decisive_rows, quantize_by_timing
+
+                    record = quantize_by_timing(entry, tmp, decisive_rows(manifest), write, progress)
+                    kernel = record["kernel"]
+                else:
+                    record = write(tmp / entry.file, kernel)
+            if entry.kind == "eagle3":
+                # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
+                # acceptance on the quantized pair is measured below, once every graph is written.
+                models[role] = replace(entry, quantization=record)
+                continue
+            if progress:
+                progress(f"{role}: checking int{bits} against the float graph")
+            parity = distribution_parity(src, tmp, manifest, role, prompts)
+            record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
+            drifts = parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]
+            if drifts and gguf is not None:
+                raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
+                                  f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
+                                  "conversion fault; export with --quantize int8 meanwhile")
+            if drifts:
+                raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
+                                  f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
+                                  f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
+                                  + ("--algorithm hqq, " if bits == 4 and options.algorithm == "rtn" else "")
+                                  + ("int8 or " if bits == 4 else "") + "a smaller block size"
+                                  + (" or no --quantize-embeddings" if options.embeddings else ""))
+            models[role] = replace(entry, quantization=record)
+        head_role = next((r for r, e in manifest.models.items() if e.kind == "eagle3"), None)
+        # Only a quantized target or head changes what the head drafts (a quantized draft alone does not).
+        if head_role is not None and (models["target"].quantization or models[head_role].quantization):
+            if progress:
+                progress("eagle: the head's acceptance on the float pair and on this one")
+            # Recorded with the head when it was quantized, else with the quantized target.
+            holder = head_role if models[head_role].quantization else "target"
+            before, after = head_acceptance([src, tmp], manifest, prompts)
+            record = {**models[holder].quantization, "eagle_acceptance": {
+                "float": before, "quantized": after,
+                "measure": "greedy first-draft acceptance, teacher-forced on the parity prompts"}}
+            models[holder] = replace(models[holder], quantization=record)
+        for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
+            models[role] = replace(entry, **graph_cost(tmp / entry.file).manifest_fields())
+        quantized = replace(manifest, models=models, engines={})
+        quantized.write(tmp)
+    return quantized
+
+
+def describe(manifest: Manifest) -> str:
+    """One line per model: bits, bytes before → after, parity (a head: its acceptance before and after)."""
+    lines = []
+    for role, e in manifest.models.items():
+        q = e.quantization
+        if not q:
+            lines.append(f"{role}: {e.dtype} (not quantized)")
+            continue
+        kind = (f"{'+'.join(sorted(q['gguf']['types']))} blocks of {q['gguf']['file']} kept" if q.get("gguf")
+                else f"int{q['bits']}")
+        if q.get("algorithm") == "hqq":
+            kind += " HQQ"
+        layout = "integer kernel, weights per column" if q.get("kernel") == "integer" else f"blocks of {q['block_size']}"
+        line = (f"{role}: {kind} ({layout}, {len(q['quantized_matmuls'])} matmuls"
+                f"{' incl. the LM head' if q['lm_head_untied'] else ''}"
+                f"{', int8 lookup' if q.get('quantized_lookups') else ''}), {q['bytes_before'] / 2**20:.1f} → "
+                f"{q['bytes_after'] / 2**20:.1f} MiB")
+        if "parity" in q:
+            p = q["parity"]
+            line += (f"; vs float: mean KL {p['mean_kl']:.4f}, top-1 {p['top1_agreement']:.3f} over "
+                     f"{p['decisive_positions']} decisive positions")
+        if "kernel_choice" in q:
+            from .kernel_choice import describe_choice
+
+            line += f"; {describe_choice(q['kernel_choice'])}"
+        if "eagle_acceptance" in q:
+            a = q["eagle_acceptance"]
+            line += (f"; EAGLE-3 head's first-draft acceptance {a['float']:.3f} on the float pair, "
+                     f"{a['quantized']:.3f} on this one")
+        lines.append(line)
+    return "\n".join(lines)
