@@ -43,7 +43,7 @@ def f32_gguf(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gguf_bundle(f32_gguf, tmp_path_factory):
-    from specrt.export.bundle import ExportOptions
+    from specrt.export.exporter import ExportOptions
     from specrt.export.pipeline import export_pipeline
 
     out = tmp_path_factory.mktemp("lcp-bundle") / "b"

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.export.integer_matmul import rewrite_integer
+from specrt.export.quant.integer_matmul import rewrite_integer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "matmul_stream.py"
 

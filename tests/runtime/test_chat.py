@@ -82,7 +82,7 @@ def test_a_template_refusing_the_role_order_is_a_chat_template_error(name, messa
 
 @pytest.mark.parametrize("name", sorted(SPECIALS))
 def test_export_checks_the_template_renders_as_in_transformers(name, monkeypatch):
-    from specrt.export.bundle import check_chat_template
+    from specrt.export.exporter import check_chat_template
 
     tok = _hf_tokenizer((TEMPLATES / f"{name}.jinja").read_text(), SPECIALS[name])
     check_chat_template(tok, tok.special_tokens_map)

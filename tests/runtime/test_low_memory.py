@@ -61,7 +61,7 @@ def test_available_memory_reads_meminfo():
 
 @pytest.fixture(scope="module")
 def fp16_bundle(close_pair, tmp_path_factory):
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     out = tmp_path_factory.mktemp("fp16") / "bundle"
     export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(dtype="float16", max_context=256))

@@ -34,7 +34,7 @@ def test_verify_rows_takes_back_a_cached_token_only_for_a_one_row_pass(min_rows,
 
 @pytest.fixture(scope="module")
 def int8_bundle(close_bundle, tmp_path_factory):
-    from specrt.export.quantize import QuantizeOptions, quantize_bundle
+    from specrt.export.quant.quantize import QuantizeOptions, quantize_bundle
 
     out = tmp_path_factory.mktemp("row-stable") / "q8"
     quantize_bundle(close_bundle, out, QuantizeOptions(bits=8))

@@ -162,7 +162,7 @@ def test_bad_arguments(close, kwargs, match):
 
 
 def test_bundle_without_draft(pairs, tmp_path):
-    from specrt.export.bundle import ExportOptions, export_bundle
+    from specrt.export.exporter import ExportOptions, export_bundle
 
     export_bundle(str(pairs["gpt2"][0]), None, tmp_path / "solo", ExportOptions(exporter="torchscript"))
     gen = specrt.load(tmp_path / "solo", threads=1)

@@ -10,7 +10,7 @@ import pytest
 from test_logits import CONFIGS, QWEN2_VOCAB, _related, check_device_chains, logits_row
 
 from specrt.bundle import contract as C
-from specrt.export.summary_graph import build_summary_model
+from specrt.export.graph.summary import build_summary_model
 from specrt.runtime.acceptance import accept_chain
 from specrt.runtime.backends.summary import SummaryLogits, lse_error_bound
 from specrt.runtime.rows import LogitRows
