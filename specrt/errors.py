@@ -51,5 +51,9 @@ class ExportProcessError(SpecrtError):
     """The child process that exported one model died or failed in a way it could not report as a typed error."""
 
 
+class TrainingDivergedError(ConfigError):
+    """A training run's loss stopped being finite (the demo pair's, an EAGLE-3 head's): its learning rate is too high."""
+
+
 class EagleHeadError(ConfigError):
     """An EAGLE-3 head folder is missing, of another layout (EAGLE-1/2), or made for another target."""

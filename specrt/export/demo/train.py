@@ -1,8 +1,9 @@
 """Reproducible CPU training of specrt's demo target/draft pair on the Python standard library's sources.
 
-Pipeline: corpus (:mod:`specrt.export.demo.corpus`) → byte-level BPE tokenizer → target LlamaForCausalLM trained by
-next-token cross entropy → draft LlamaForCausalLM distilled from the frozen target → ``training.json`` and a
-model card (:mod:`.card`); what a run is made of, :mod:`.config`. Both models are ordinary Hugging Face
+Pipeline: corpus (:mod:`specrt.export.demo.corpus`) → byte-level BPE tokenizer (:mod:`.tokens`) → target
+LlamaForCausalLM trained by next-token cross entropy → draft LlamaForCausalLM distilled from the frozen target
+(the losses and metrics: :mod:`.losses`) → ``training.json`` and a model card (:mod:`.card`); what a run is made
+of, :mod:`.config`. Both models are ordinary Hugging Face
 checkpoints that ``specrt export`` takes as they are.
 
     python -m specrt.export.demo.train --out runs/demo                # the shipped configuration
@@ -21,91 +22,30 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
-from ...errors import ConfigError, OutputPathError, SpecrtError
+from ...errors import ConfigError, OutputPathError, SpecrtError, TrainingDivergedError
 from . import corpus
 from .card import model_card
 from .config import ModelShape, TrainConfig
+from .losses import acceptance, distill_loss, eval_draft, eval_target, logits_of, next_token_ce, split_batch
+from .tokens import (
+    BOS_ID,
+    EOS_ID,
+    check_stream,
+    fixed_windows,
+    random_windows,
+    token_stream,
+    train_tokenizer,
+    wrap_tokenizer,
+)
 
-BOS, EOS = "<s>", "</s>"
-BOS_ID, EOS_ID = 0, 1
 FORMAT_VERSION = 1
 
 
 # ----------------------------------------------------------------------------------------- tokenizer and data
-
-
-def train_tokenizer(texts: Iterable[str], vocab_size: int):
-    """A byte-level BPE (every byte is a token, so nothing is ever unknown) whose encodings start with <s>."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, BOS_ID)])
-    if tok.token_to_id(BOS) != BOS_ID or tok.token_to_id(EOS) != EOS_ID:
-        raise AssertionError("the BPE trainer must give the special tokens the first ids")
-    return tok
-
-
-def wrap_tokenizer(tok, max_length: int):
-    """The Hugging Face tokenizer saved next to each model (what AutoTokenizer and specrt export load)."""
-    from transformers import PreTrainedTokenizerFast
-
-    # clean_up_tokenization_spaces would turn "a ." into "a." and break decode(encode(code)) == code.
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, model_max_length=max_length,
-                                   clean_up_tokenization_spaces=False)
-
-
-def token_stream(tok, texts: Iterable[str]) -> torch.Tensor:
-    """One long int64 stream: <s> file </s> <s> file </s> ...
-
-    Every file starts like an inference prompt does (the tokenizer prepends <s>) and ends with </s>, so the
-    models learn both where code starts and where a file ends.
-    """
-    ids: list[int] = []
-    for enc in tok.encode_batch(list(texts), add_special_tokens=False):
-        ids.append(BOS_ID)
-        ids.extend(enc.ids)
-        ids.append(EOS_ID)
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def random_windows(stream: torch.Tensor, seq_len: int, batch_size: int, gen: torch.Generator) -> Iterator[torch.Tensor]:
-    """Endless (batch, seq_len + 1) windows at offsets drawn from ``gen``: the data order is the seed's."""
-    last_start = len(stream) - (seq_len + 1)
-    offsets = torch.arange(seq_len + 1)
-    while True:
-        starts = torch.randint(0, last_start + 1, (batch_size,), generator=gen)
-        yield stream[starts[:, None] + offsets]
-
-
-def fixed_windows(stream: torch.Tensor, seq_len: int, batch_size: int, batches: int) -> list[torch.Tensor]:
-    """``batches`` batches of windows at evenly spaced offsets over the whole validation stream (so every
-    held-out file is sampled, not just the first few), the same at every evaluation."""
-    last_start = len(stream) - (seq_len + 1)
-    starts = torch.linspace(0, last_start, batch_size * batches).round().long()
-    return list(stream[starts[:, None] + torch.arange(seq_len + 1)].split(batch_size))
-
-
-def _check_stream(name: str, stream: torch.Tensor, seq_len: int) -> None:
-    if len(stream) < seq_len + 1:
-        raise ConfigError(f"the {name} split has {len(stream)} tokens, fewer than seq_len + 1 = {seq_len + 1}; "
-                          "raise max_corpus_bytes or lower seq_len")
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -150,89 +90,7 @@ def lr_factor(step: int, steps: int, warmup_fraction: float, min_lr_ratio: float
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=inputs, use_cache=False).logits.float()
-
-
-def next_token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-
-
-def kl_target_draft(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of KL(p_target || q_draft), both at temperature 1."""
-    log_p = F.log_softmax(target_logits.flatten(0, 1), dim=-1)
-    log_q = F.log_softmax(draft_logits.flatten(0, 1), dim=-1)
-    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
-
-
-def distill_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                 ce_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, kl). Speculative decoding accepts a drafted token with probability min(1, p/q), so the
-    acceptance rate is alpha = E[sum_x min(p(x), q(x))] = 1 - E[TV(p, q)]: it rewards matching the target's
-    whole distribution, not the data. Forward KL(p || q) is the smooth objective that drives q to p (Pinsker:
-    TV <= sqrt(KL / 2)); the small CE term on the real next token only anchors the draft where the target is
-    itself unsure.
-    """
-    kl = kl_target_draft(target_logits, draft_logits)
-    if ce_weight == 0.0:
-        return kl, kl
-    return (1.0 - ce_weight) * kl + ce_weight * next_token_ce(draft_logits, labels), kl
-
-
 # ------------------------------------------------------------------------------------------------ evaluation
-
-
-def _split_batch(batch: torch.Tensor, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = batch.to(device)
-    return batch[:, :-1], batch[:, 1:]
-
-
-@torch.no_grad()
-def eval_target(target: torch.nn.Module, val: Sequence[torch.Tensor], device: str) -> dict[str, float]:
-    """Held-out next-token cross entropy (nats per token)."""
-    target.eval()
-    total, positions = 0.0, 0
-    for batch in val:
-        inputs, labels = _split_batch(batch, device)
-        total += next_token_ce(_logits(target, inputs), labels).item() * labels.numel()
-        positions += labels.numel()
-    return {"val_loss": total / positions}
-
-
-@torch.no_grad()
-def eval_draft(draft: torch.nn.Module, target: torch.nn.Module, val: Sequence[torch.Tensor],
-               device: str) -> dict[str, float]:
-    """Held-out cross entropy of the draft and its KL(p_target || q_draft)."""
-    draft.eval()
-    target.eval()
-    ce = kl = 0.0
-    positions = 0
-    for batch in val:
-        inputs, labels = _split_batch(batch, device)
-        q_logits = _logits(draft, inputs)
-        n = labels.numel()
-        ce += next_token_ce(q_logits, labels).item() * n
-        kl += kl_target_draft(_logits(target, inputs), q_logits).item() * n
-        positions += n
-    return {"val_loss": ce / positions, "val_kl": kl / positions}
-
-
-@torch.no_grad()
-def acceptance(target: torch.nn.Module, draft: torch.nn.Module, val: Sequence[torch.Tensor],
-               device: str) -> dict[str, float]:
-    """alpha_greedy: how often argmax q == argmax p (greedy decoding's acceptance rate);
-    alpha_t1: mean sum_x min(p, q) at temperature 1 (sampling's acceptance rate)."""
-    target.eval()
-    draft.eval()
-    agree = overlap = 0.0
-    positions = 0
-    for batch in val:
-        inputs, _ = _split_batch(batch, device)
-        p_logits, q_logits = _logits(target, inputs), _logits(draft, inputs)
-        agree += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
-        overlap += torch.minimum(p_logits.softmax(-1), q_logits.softmax(-1)).sum(-1).sum().item()
-        positions += inputs.numel()
-    return {"alpha_greedy": agree / positions, "alpha_t1": min(1.0, overlap / positions), "positions": positions}
 
 
 # ------------------------------------------------------------------------------------------------- progress
@@ -315,7 +173,7 @@ def run_phase(name: str, model: torch.nn.Module, steps: int, loss_fn: Callable[[
             model.train()
             loss = loss_fn(next(batches))
             if not torch.isfinite(loss):
-                raise SpecrtError(f"{name} training diverged at step {step} (loss {loss.item()}); lower --lr")
+                raise TrainingDivergedError(f"{name} training diverged at step {step} (loss {loss.item()}); lower --lr")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -340,8 +198,8 @@ def train_target(target: torch.nn.Module, train: torch.Tensor, val: list[torch.T
     gen = torch.Generator().manual_seed(cfg.seed + 1000)
 
     def loss_fn(batch: torch.Tensor) -> torch.Tensor:
-        inputs, labels = _split_batch(batch, cfg.device)
-        return next_token_ce(_logits(target, inputs), labels)
+        inputs, labels = split_batch(batch, cfg.device)
+        return next_token_ce(logits_of(target, inputs), labels)
 
     return run_phase("target", target, cfg.target_steps, loss_fn,
                      random_windows(train, cfg.seq_len, cfg.batch_size, gen),
@@ -354,10 +212,10 @@ def train_draft(draft: torch.nn.Module, target: torch.nn.Module, train: torch.Te
     gen = torch.Generator().manual_seed(cfg.seed + 2000)
 
     def loss_fn(batch: torch.Tensor) -> torch.Tensor:
-        inputs, labels = _split_batch(batch, cfg.device)
+        inputs, labels = split_batch(batch, cfg.device)
         with torch.no_grad():
-            p_logits = _logits(target, inputs)
-        return distill_loss(_logits(draft, inputs), p_logits, labels, cfg.ce_weight)[0]
+            p_logits = logits_of(target, inputs)
+        return distill_loss(logits_of(draft, inputs), p_logits, labels, cfg.ce_weight)[0]
 
     return run_phase("draft", draft, cfg.draft_steps, loss_fn,
                      random_windows(train, cfg.seq_len, cfg.batch_size, gen),
@@ -434,8 +292,8 @@ def train_demo(cfg: TrainConfig, out: Path, progress: bool = True, overwrite: bo
             t0 = time.perf_counter()
             raw_tok = train_tokenizer(train_texts, cfg.vocab_size)  # fitted on train only: val stays unseen
             train_stream, val_stream = token_stream(raw_tok, train_texts), token_stream(raw_tok, val_texts)
-            _check_stream("train", train_stream, cfg.seq_len)
-            _check_stream("val", val_stream, cfg.seq_len)
+            check_stream("train", train_stream, cfg.seq_len)
+            check_stream("val", val_stream, cfg.seq_len)
             val = fixed_windows(val_stream, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
             tokenizer_time = time.perf_counter() - t0
         vocab = raw_tok.get_vocab_size()

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ...bundle.safety import write_atomic
-from ...errors import ConfigError, ModelLoadError, OutputPathError
+from ...errors import ConfigError, ModelLoadError, OutputPathError, TrainingDivergedError
 from .config import tap_layers
 from .head import Eagle3Head
 from .budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
@@ -78,7 +78,7 @@ def train_step(head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor
     loss, losses = ttt_loss(head, embed, t2d, batch, cfg, compute)
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise ConfigError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
+        raise TrainingDivergedError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)

@@ -16,13 +16,8 @@ from specrt.errors import OutputPathError  # noqa: E402
 from specrt.export.demo import corpus  # noqa: E402
 from specrt.export.demo.card import model_card  # noqa: E402
 from specrt.export.demo.config import ModelShape, TrainConfig  # noqa: E402
-from specrt.export.demo.train import (  # noqa: E402
-    lr_factor,
-    main,
-    train_demo,
-    train_tokenizer,
-    wrap_tokenizer,
-)
+from specrt.export.demo.tokens import train_tokenizer, wrap_tokenizer  # noqa: E402
+from specrt.export.demo.train import lr_factor, main, train_demo  # noqa: E402
 
 CODE = ('import os\n\n\nclass Cache(dict):\n    """A café ✓ cache."""\n\n    def get(self, key, default=None):\n'
         '        return super().get(key, default)  # a . b\n\tx = [1, 2,  3]\n')
@@ -151,3 +146,19 @@ def test_refuses_non_empty_output(tmp_path):
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(OutputPathError):
         train_demo(TrainConfig.tiny(), tmp_path, progress=False)
+
+
+def test_a_diverging_phase_raises_the_error_eagle_training_raises():
+    """One error type for one failure: a non-finite loss stops the demo's phase as it stops EAGLE's training step."""
+    import itertools
+
+    import torch
+
+    from specrt.errors import TrainingDivergedError
+    from specrt.export.demo.train import _Progress, run_phase
+
+    model = torch.nn.Linear(2, 2)
+    nan_loss = lambda batch: model(batch).sum() * float("nan")  # noqa: E731
+    with pytest.raises(TrainingDivergedError, match="tiny training diverged at step 1"):
+        run_phase("tiny", model, 3, nan_loss, itertools.repeat(torch.ones(1, 2)), dict, TrainConfig.tiny(),
+                  _Progress(False))

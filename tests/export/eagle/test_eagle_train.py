@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from support.models import CHAT_TEMPLATE, make_tokenizer, save_model, save_pattern_target, tiny_head_and_batch
 
-from specrt.errors import ConfigError, ModelLoadError
+from specrt.errors import ConfigError, ModelLoadError, TrainingDivergedError
 from specrt.export.eagle import data as ed
 from specrt.export.eagle import generate as eg
 from specrt.export.eagle import train as et
@@ -76,7 +76,7 @@ def test_a_train_step_lowers_the_loss_and_refuses_a_non_finite_one_before_updati
     assert last[0] < 0.5 * first[0]
     before = {k: v.clone() for k, v in head.state_dict().items()}
     b.taps[0, 3, 0] = float("nan")
-    with pytest.raises(ConfigError, match="diverged at step 31"):
+    with pytest.raises(TrainingDivergedError, match="diverged at step 31"):
         et.train_step(head, opt, embed, t2d, b, cfg, "float32", 30)
     assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
 
