@@ -21,8 +21,9 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 
@@ -101,10 +102,81 @@ def _versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+class TrainingRecord(TypedDict):
+    """What ``train_eagle`` returns and writes as ``training.json``: JSON all through, so the file and the value agree.
+    The blocks below the top level are dicts of plain numbers (their keys: docs/design/eagle3.md, "Training")."""
+
+    format: int
+    target: str  # the folder or GGUF trained against
+    architecture: str
+    config: dict  # EagleTrainConfig as a dict
+    head: dict  # the saved head's config.json
+    taps: list[int]
+    tap_convention: str
+    end_ids: list[int]
+    draft_vocab_size: int
+    data: dict  # sequences, tokens, scored rows and cache bytes, train and held out
+    loss: dict  # weights of the unrolled steps, first / last / every step's weighted loss
+    heldout_init: dict  # held-out acceptance before training
+    heldout: dict  # ... and after, with the saved (dtype-rounded) head
+    resumed_from: int | None
+    compute: str
+    device: str
+    time_limit: dict | None  # the plan a --time-limit made, and where it stopped
+    time_s: dict
+    versions: dict
+
+
+@dataclass
+class _Run:
+    """One training run's inputs, checked and read: what every phase below needs."""
+
+    cfg: EagleTrainConfig
+    out: Path
+    work: Path  # out/.train: the data cache and the resumable checkpoint
+    source: Path  # the target's Hugging Face folder (a GGUF's, staged in work/)
+    gguf: Path | None
+    device: torch.device
+    compute: str
+    prompts: list[str]
+    docs: list[str]
+    target_config: Any
+    tok: Any
+    init: tuple | None  # init_head's (config, head, d2t, t2d) for a warm start
+    fingerprint: str
+    resume: bool
+    report: Progress
+
+
+@dataclass
+class _Data:
+    """The cached training data: the target's sequences, the draft vocabulary, and how long building it took."""
+
+    cached: dict  # load_or_build's record (its "info", "draft_counts", "written" are written beside the head)
+    train: SequenceCache
+    held: SequenceCache
+    d2t: torch.Tensor  # [draft_vocab] int64: draft id -> target id offset
+    t2d: torch.Tensor  # [vocab] bool: target ids in the draft vocabulary
+    times: dict
+
+
+@dataclass
+class _Trained:
+    """Where the optimisation ended: the loss history, the plan it kept and the held-out checks."""
+
+    start: int  # the step a resumed run began at (0: a fresh run)
+    history: list[list[float]]  # [steps][ttt_steps] unrolled losses of every step, a resumed run's earlier ones too
+    train_s: float
+    plan: dict
+    stopped_at: int | None  # the step a time limit stopped at
+    heldout_init: dict
+    heldout: dict
+
+
 def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 config: EagleTrainConfig = EagleTrainConfig(), prompts: Sequence[str] | None = None,
                 data_files: Sequence[str | os.PathLike] = (), progress: Progress | None = None, *,
-                resume: bool = False) -> dict:
+                resume: bool = False) -> TrainingRecord:
     """Train an EAGLE-3 head for the frozen target in ``target_dir``; returns the training.json record.
 
     ``target_dir``: a local Hugging Face model folder or llama.cpp GGUF (nothing is downloaded). ``out_dir``: receives
@@ -126,13 +198,32 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                              data_files=["notes.txt"], progress=callback)
         record["heldout"]["alpha1"], record["heldout"]["tokens_per_pass"]
     """
-    from .graph import check_eagle_target
-    from ..loading import load_causal_lm, load_config, load_tokenizer
-
-    cfg = config
-    if not isinstance(cfg, EagleTrainConfig):
-        raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(cfg).__name__}")
+    if not isinstance(config, EagleTrainConfig):
+        raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(config).__name__}")
     t_start = time.perf_counter()  # a time limit counts from here: reading a GGUF is part of the run
+    run = _open(target_dir, out_dir, config, prompts, data_files, progress, resume)
+    model, end_ids, taps = _load_target(run)
+    with torch.random.fork_rng(devices=[]):
+        limit = TimeLimit.minutes(run.cfg.time_limit, t_start)
+        data = _data(run, model, end_ids, taps, limit)
+        head_cfg, head = _start_head(run, model, data)
+        embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
+        del model
+        trained = _optimise(run, head, embed, data, limit)
+    data.times["train"] = trained.train_s
+    record = _record(run, head_cfg, end_ids, taps, data, trained, t_start)
+    _write(run, head_cfg, head, end_ids, data, record)
+    return record
+
+
+def _open(target_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: EagleTrainConfig,
+          prompts: Sequence[str] | None, data_files: Sequence[str | os.PathLike], progress: Progress | None,
+          resume: bool) -> _Run:
+    """Check the inputs and read what is cheap (config, tokenizer, texts, a warm start's head) before any model
+    loads; clear a fresh run's work folder."""
+    from ..loading import load_config, load_tokenizer
+    from .graph import check_eagle_target
+
     device = resolve_device(cfg.device)  # before anything is read or written
     compute = resolve_compute(cfg.compute, device)
     source = Path(target_dir).expanduser()
@@ -152,8 +243,6 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     prompts = list(prompts)
     if not all(isinstance(p, str) and p for p in prompts):
         raise ConfigError("eagle train: prompts must be non-empty strings")
-    report: Progress = progress or (lambda phase, done, total, loss: None)
-
     target_config = load_config(str(source))
     check_eagle_target(target_config.model_type)
     tok = load_tokenizer(str(source))
@@ -170,121 +259,148 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         for item in work.iterdir():
             if gguf is None or item.name != "target":  # (the target just read from its GGUF stays)
                 shutil.rmtree(item) if item.is_dir() else item.unlink()
+    return _Run(cfg, out, work, source, gguf, device, compute, prompts, docs, target_config, tok, init, fingerprint,
+                resume, progress or (lambda phase, done, total, loss: None))
 
-    model = load_causal_lm(str(source), "float32").to(device)
+
+def _load_target(run: _Run) -> tuple[Any, list[int], tuple[int, int, int]]:
+    """The frozen target on the run's device, its end ids and the layers the head taps."""
+    from ..loading import load_causal_lm
+
+    model = load_causal_lm(str(run.source), "float32").to(run.device)
     model.requires_grad_(False)
-    end_ids = target_end_ids(str(source), target_config, tok)
-    taps = tap_layers(target_config.num_hidden_layers)
+    end_ids = target_end_ids(str(run.source), run.target_config, run.tok)
+    return model, end_ids, tap_layers(run.target_config.num_hidden_layers)
 
-    with torch.random.fork_rng(devices=[]):
-        limit = TimeLimit.minutes(cfg.time_limit, t_start)
-        limits = data_limits(limit, work, cfg.seq_len, target_config.hidden_size, cfg.topk)
-        cached = load_or_build(work / CACHE_NAME, fingerprint, resume, model, tok, cfg, prompts, docs, end_ids, taps,
-                               report, None if init is None else init[2:], compute, limits)
-        d2t, t2d, times = cached["d2t"], cached["t2d"], dict(cached["times"])
-        train, held = SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"])
-        targets = torch.arange(len(d2t)) + d2t
 
-        if init is None:
-            head_cfg = head_config(target_config, len(d2t), cfg.layers)
-            head = new_head(head_cfg, model, targets, cfg.seed, from_target=cfg.init_from_target)
-        else:
-            head_cfg, head = init[:2]
-        head = head.to(device)
-        embed = model.get_input_embeddings().weight.detach().float().clone()  # frozen: the head holds no table
-        del model
-        d2t_on, t2d_on = d2t.to(device), t2d.to(device)  # d2t, t2d stay on the host, as saved
-        opt = optimizer(head, cfg)
-        state = _resume_state(work, fingerprint, cfg) if resume else None
-        if state is not None:
-            head.load_state_dict(state["head"])
-            opt.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
-            start, history, train_s, heldout_init = state["step"], state["history"], state["train_s"], state["init"]
-        else:
-            t0 = time.perf_counter()
-            heldout_init = evaluate(head, embed, d2t_on, t2d_on, held, cfg)
-            times["evaluate_init"] = time.perf_counter() - t0
-            start, history, train_s = 0, [], 0.0
+def _data(run: _Run, model: Any, end_ids: list[int], taps: tuple[int, int, int], limit: TimeLimit | None) -> _Data:
+    """The target's sequences and their cached taps (built, or read back from the work folder)."""
+    cfg = run.cfg
+    limits = data_limits(limit, run.work, cfg.seq_len, run.target_config.hidden_size, cfg.topk)
+    cached = load_or_build(run.work / CACHE_NAME, run.fingerprint, run.resume, model, run.tok, cfg, run.prompts,
+                           run.docs, end_ids, taps, run.report, None if run.init is None else run.init[2:],
+                           run.compute, limits)
+    return _Data(cached, SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"]), cached["d2t"],
+                 cached["t2d"], dict(cached["times"]))
 
-        sampler = BatchSampler(train.length, cfg.batch_size, cfg.seed)
-        plan = {"steps": cfg.steps} if state is None else state.get("plan", {"steps": cfg.steps})
 
-        def tokens(k: int) -> int:  # token rows step k computes
-            return padded_tokens(sampler.lengths, sampler.batch(k))
+def _start_head(run: _Run, model: Any, data: _Data) -> tuple[Any, Eagle3Head]:
+    """A new head shaped after the target (its LM head rows and final norm where ``init_from_target``), or the
+    warm start's; on the run's device."""
+    if run.init is not None:
+        head_cfg, head = run.init[:2]
+    else:
+        targets = torch.arange(len(data.d2t)) + data.d2t
+        head_cfg = head_config(run.target_config, len(data.d2t), run.cfg.layers)
+        head = new_head(head_cfg, model, targets, run.cfg.seed, from_target=run.cfg.init_from_target)
+    return head_cfg, head.to(run.device)
 
-        def past_plan(k: int) -> bool:  # step k would eat into the time kept for the check and the save
-            return (limit is not None and k > start
-                    and limit.left() < plan["reserve_s"] + plan["s_per_token"] * tokens(k))
 
-        if limit is not None:  # a resumed run keeps its schedule (its plan's steps) and times only its reserve
-            probe = copy.deepcopy(head)  # timed steps, whole, on copies: nothing the run keeps changes
-            probe_opt = optimizer(probe, cfg)
-            probe_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # (loading shares the state tensors)
-            timed = plan_training(lambda k: train_step(probe, probe_opt, embed, t2d_on,
-                                                       train.batch(sampler.batch(k), device), cfg, compute, k),
-                                  tokens, start, cfg.steps, limit, device,
-                                  plan.get("evaluate_s", times.get("evaluate_init")),
-                                  in_order_tokens(held.length.tolist(), cfg.batch_size))
-            del probe, probe_opt
-            plan = timed if state is None else {**timed, "steps": plan["steps"]}
-        run = replace(cfg, steps=plan["steps"])  # the schedule the steps follow
-        if start:
-            report("train", start, run.steps, None)
-        weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
-        stopped_at = None
-        for step in range(start, run.steps):
-            if past_plan(step):  # the head as it is, checked and saved within the limit
-                stopped_at = step
-                break
-            t0 = time.perf_counter()
-            losses = train_step(head, opt, embed, t2d_on, train.batch(sampler.batch(step), device), run, compute,
-                                step)
-            train_s += time.perf_counter() - t0
-            history.append(losses)
-            if (step + 1) % cfg.checkpoint_every == 0:
-                save_atomic({"fingerprint": fingerprint, "config": _training_fields(cfg), "step": step + 1,
-                              "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
-                              "history": history, "train_s": train_s, "init": heldout_init, "plan": plan},
-                             work / CHECKPOINT_NAME)
-            report("train", step + 1, run.steps, sum(w * v for w, v in zip(weights, losses)))
-
+def _optimise(run: _Run, head: Eagle3Head, embed: torch.Tensor, data: _Data, limit: TimeLimit | None) -> _Trained:
+    """Resume or start, fit the step count to a time limit, run the steps (checkpointing), then measure the
+    saved copy's held-out acceptance."""
+    cfg, device = run.cfg, run.device
+    d2t, t2d = data.d2t.to(device), data.t2d.to(device)  # data's own stay on the host, as saved
+    opt = optimizer(head, cfg)
+    state = _resume_state(run.work, run.fingerprint, cfg) if run.resume else None
+    if state is not None:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        start, history, train_s, heldout_init = state["step"], state["history"], state["train_s"], state["init"]
+    else:
         t0 = time.perf_counter()
-        saved = saved_copy(head, cfg.dtype).to(device)
-        heldout = evaluate(saved, embed, d2t_on, t2d_on, held, cfg, report)
-        times["evaluate"] = time.perf_counter() - t0
-    times["train"] = train_s
+        heldout_init = evaluate(head, embed, d2t, t2d, data.held, cfg)
+        data.times["evaluate_init"] = time.perf_counter() - t0
+        start, history, train_s = 0, [], 0.0
+    sampler = BatchSampler(data.train.length, cfg.batch_size, cfg.seed)
+    plan = {"steps": cfg.steps} if state is None else state.get("plan", {"steps": cfg.steps})
+    if limit is not None:
+        timed = _timed_plan(run, head, opt, embed, t2d, data, sampler, start, plan, limit)
+        plan = timed if state is None else {**timed, "steps": plan["steps"]}
+    steps = replace(cfg, steps=plan["steps"])  # the schedule the steps follow
+    if start:
+        run.report("train", start, steps.steps, None)
+    weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
+    stopped_at = None
+    for step in range(start, steps.steps):
+        if limit is not None and step > start and limit.left() < (
+                plan["reserve_s"] + plan["s_per_token"] * padded_tokens(sampler.lengths, sampler.batch(step))):
+            stopped_at = step  # the head as it is, checked and saved within the limit
+            break
+        t0 = time.perf_counter()
+        losses = train_step(head, opt, embed, t2d, data.train.batch(sampler.batch(step), device), steps,
+                            run.compute, step)
+        train_s += time.perf_counter() - t0
+        history.append(losses)
+        if (step + 1) % cfg.checkpoint_every == 0:
+            save_atomic({"fingerprint": run.fingerprint, "config": _training_fields(cfg), "step": step + 1,
+                         "head": head.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
+                         "history": history, "train_s": train_s, "init": heldout_init, "plan": plan},
+                        run.work / CHECKPOINT_NAME)
+        run.report("train", step + 1, steps.steps, sum(w * v for w, v in zip(weights, losses)))
+    t0 = time.perf_counter()
+    heldout = evaluate(saved_copy(head, cfg.dtype).to(device), embed, d2t, t2d, data.held, cfg, run.report)
+    data.times["evaluate"] = time.perf_counter() - t0
+    return _Trained(start, history, train_s, plan, stopped_at, heldout_init, heldout)
 
-    record = {
-        "format": FORMAT_VERSION, "target": str(gguf or source), "architecture": target_config.model_type,
-        "config": asdict(cfg), "head": config_json(head_cfg, cfg.dtype), "taps": list(taps),
-        "tap_convention": "entering layer i (output_hidden_states[i])", "end_ids": end_ids,
-        "draft_vocab_size": len(d2t),
-        "data": {**cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),
-                 "tokens_train": int(train.length.sum()), "tokens_heldout": int(held.length.sum()),
-                 "scored_train": int(scored_rows(train).sum()), "scored_heldout": int(scored_rows(held).sum()),
-                 "cache_bytes": train.nbytes() + held.nbytes()},
-        "loss": {"weights": weights, "first": sum(w * v for w, v in zip(weights, history[0])),
-                 "last": sum(w * v for w, v in zip(weights, history[-1])),
-                 "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
-        "heldout_init": heldout_init, "heldout": heldout,
-        "resumed_from": start or None, "compute": compute, "device": _device_name(device),
-        "time_limit": None if cfg.time_limit is None else {**plan, "stopped_at_step": stopped_at,
-                                                           "minutes": cfg.time_limit},
-        "time_s": {**times, "total_this_run": time.perf_counter() - t_start},
-        "versions": _versions(),
-    }
-    save_eagle3(out, head_cfg, head, d2t, t2d, dtype=cfg.dtype)
+
+def _timed_plan(run: _Run, head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor, t2d: torch.Tensor,
+                data: _Data, sampler: BatchSampler, start: int, plan: dict, limit: TimeLimit) -> dict:
+    """The step count and reserve a time limit allows, from steps timed whole on copies (nothing the run keeps
+    changes). A resumed run keeps its schedule (its plan's steps) and times only its reserve."""
+    cfg = run.cfg
+    probe = copy.deepcopy(head)
+    probe_opt = optimizer(probe, cfg)
+    probe_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # (loading shares the state tensors)
+
+    def probe_step(k: int) -> list[float]:
+        return train_step(probe, probe_opt, embed, t2d, data.train.batch(sampler.batch(k), run.device), cfg,
+                          run.compute, k)
+
+    return plan_training(probe_step, lambda k: padded_tokens(sampler.lengths, sampler.batch(k)), start, cfg.steps,
+                         limit, run.device, plan.get("evaluate_s", data.times.get("evaluate_init")),
+                         in_order_tokens(data.held.length.tolist(), cfg.batch_size))
+
+
+def _record(run: _Run, head_cfg: Any, end_ids: list[int], taps: tuple[int, int, int], data: _Data,
+            trained: _Trained, t_start: float) -> TrainingRecord:
+    cfg, train, held, history = run.cfg, data.train, data.held, trained.history
+    weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]
+    return TrainingRecord(
+        format=FORMAT_VERSION, target=str(run.gguf or run.source), architecture=run.target_config.model_type,
+        config=asdict(cfg), head=config_json(head_cfg, cfg.dtype), taps=list(taps),
+        tap_convention="entering layer i (output_hidden_states[i])", end_ids=end_ids,
+        draft_vocab_size=len(data.d2t),
+        data={**data.cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),
+              "tokens_train": int(train.length.sum()), "tokens_heldout": int(held.length.sum()),
+              "scored_train": int(scored_rows(train).sum()), "scored_heldout": int(scored_rows(held).sum()),
+              "cache_bytes": train.nbytes() + held.nbytes()},
+        loss={"weights": weights, "first": sum(w * v for w, v in zip(weights, history[0])),
+              "last": sum(w * v for w, v in zip(weights, history[-1])),
+              "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
+        heldout_init=trained.heldout_init, heldout=trained.heldout,
+        resumed_from=trained.start or None, compute=run.compute, device=_device_name(run.device),
+        time_limit=None if cfg.time_limit is None else {**trained.plan, "stopped_at_step": trained.stopped_at,
+                                                        "minutes": cfg.time_limit},
+        time_s={**data.times, "total_this_run": time.perf_counter() - t_start},
+        versions=_versions())
+
+
+def _write(run: _Run, head_cfg: Any, head: Eagle3Head, end_ids: list[int], data: _Data,
+           record: TrainingRecord) -> None:
+    """The head, its draft-id counts, the prompts the target wrote and training.json; the work folder removed."""
+    out, cached = run.out, data.cached
+    save_eagle3(out, head_cfg, head, data.d2t, data.t2d, dtype=run.cfg.dtype)
     if "draft_counts" in cached:
-        write_counts(out, cached["draft_counts"], end_ids, f"the {len(train)} sequences it trained on")
+        write_counts(out, cached["draft_counts"], end_ids, f"the {len(data.train)} sequences it trained on")
     else:  # a cache resumed from before 2026-12-05: no counts, and none of an earlier head left beside this one
         (out / COUNTS_NAME).unlink(missing_ok=True)
     if cached.get("written"):  # the prompts the target wrote itself, to read what the head trained on
         (out / WRITTEN_NAME).write_text(json.dumps(cached["written"], indent=0, ensure_ascii=False) + "\n")
     write_atomic(out / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False) + "\n")
-    if not cfg.keep_checkpoint:
-        shutil.rmtree(work)
-    return record
+    if not run.cfg.keep_checkpoint:
+        shutil.rmtree(run.work)
 
 
 def _device_name(device: torch.device) -> str:
