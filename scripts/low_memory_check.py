@@ -2,7 +2,7 @@
 
     python scripts/low_memory_check.py demo /tmp/specrt-scale/llama-3.2-1b/bundle-float16
                                        [--rounds 2] [--tokens 32] [--methods none,draft]
-                                       [--json benchmarks/low-memory.json]
+                                       [--json benchmarks/scale/low-memory.json]
 
 Each (bundle, mode) run is its own process, so its peak memory is its own: peak RSS (VmHWM) and peak
 anonymous memory (sampled every 20 ms; RSS also counts the page cache of a memory-mapped file). The
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--methods", default="none,draft")
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/low-memory.json"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/scale/low-memory.json"))
     args = ap.parse_args()
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
     methods = args.methods.split(",")

@@ -12,7 +12,7 @@ RSS are its own; the bundle then decodes greedily with --method none and --metho
 agree token for token, in another (ONNX Runtime's low-memory session where the default would not fit;
 its peak memory recorded too). A process the kernel kills still leaves its row: its figures up to then
 and the signal. Not in CI (minutes and gigabytes per family); nothing is downloaded. The figures go to the
-work folder unless --json names benchmarks/scale-check.json: that file's rows stand under
+work folder unless --json names benchmarks/scale/scale-check.json: that file's rows stand under
 docs/performance/scale-check.md's date and machine, so only a run meant to replace them should write it.
 """
 

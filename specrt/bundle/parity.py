@@ -30,7 +30,7 @@ class ParityTolerance:
         return asdict(self)
 
 
-# Measured (benchmarks/scale-parity.json): correct fp32 graphs stay below rel 1e-5; fp16 graphs of
+# Measured (benchmarks/scale/scale-check.json): correct fp32 graphs stay below rel 1e-5; fp16 graphs of
 # Llama-3.2-1B / Qwen3-0.6B dimensions below rel 3e-3, KL 1e-5. Bugs (a dropped q/k norm, wrong rope
 # scaling, swapped layers) land at rel >= 0.1 on the test models.
 PARITY_TOLERANCE = {

@@ -175,7 +175,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
 @click.option("--max-gamma", type=int, default=16, show_default=True)
 @click.option("--verify-costs", "verify_costs", metavar="V1,V2,...",
               help="A target pass over 1, 2, ... rows against one row (e.g. 1,1.21,1.57,1.71: an int8 bundle on a "
-                   "CPU; benchmarks/verify_cost.py prints them): γ pays v(γ+1), not 1 [default: measured on this "
+                   "CPU; benchmarks/verify-cost/verify_cost.py prints them): γ pays v(γ+1), not 1 [default: measured on this "
                    "backend with --bundle; else 1 for every row count, the paper's memory-bound pass].")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write a PNG of speedup vs γ (needs matplotlib).")

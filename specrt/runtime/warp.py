@@ -261,7 +261,7 @@ def _top_p_full(logits: np.ndarray, temperature: float, top_p: float, vocab: int
     and bounding the rest by their maxima, no exp over the row (:func:`_bracket_top_p`; decides peaked
     rows, whose tail is far below the top). Otherwise one float32 exp pass gives the total.
 
-    Real-vocabulary bench rows (benchmarks/real_vocab.py pair, T 0.8, top-p 0.9), ms per row in the
+    Real-vocabulary bench rows (benchmarks/host-work/real_vocab.py pair, T 0.8, top-p 0.9), ms per row in the
     decoding loop (caches cold after the engine's pass; greedy's argmax: 0.07): the top alone decides
     57 % of them (0.20), the bracket 22 % (0.33), the exp pass the rest (0.61)."""
     large = len(logits) >= _BRACKET_MIN_VOCAB

@@ -1,4 +1,4 @@
-"""benchmarks/integer_matmul.py's rewrite computes what its docstring says: per-row int8 activations, exact
+"""benchmarks/verify-cost/integer_matmul.py's rewrite computes what its docstring says: per-row int8 activations, exact
 integer sums (no int16 saturation in MLAS's u8 x s8 kernel), rows independent of each other."""
 
 import importlib.util
@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "integer_matmul.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "verify-cost" / "integer_matmul.py"
 
 
 def _load():

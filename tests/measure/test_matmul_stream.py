@@ -1,4 +1,4 @@
-"""benchmarks/matmul_stream.py's two graph cuts: the matmuls alone (a tied head read through its Transpose
+"""benchmarks/verify-cost/matmul_stream.py's two graph cuts: the matmuls alone (a tied head read through its Transpose
 included) compute what they computed in the whole graph, and an integer-kernel graph without its activation ops
 keeps every matmul on rows of the same shapes."""
 
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specrt.export.quant.integer_matmul import rewrite_integer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "matmul_stream.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "verify-cost" / "matmul_stream.py"
 
 
 def _load():

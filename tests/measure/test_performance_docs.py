@@ -1,4 +1,4 @@
-"""The measurement tables in README.md and docs/ are the ones benchmarks/*.json give, and docs/performance/
+"""The measurement tables in README.md and docs/ are the ones benchmarks/*/*.json give, and docs/performance/
 has a page, with its command, JSON file, date and machine, for every measurement."""
 
 import importlib.util
@@ -9,10 +9,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ROOT / "docs" / "performance"
+BENCH = ROOT / "benchmarks"
+NOT_RESULTS = {"heads", "prompts"}  # what the package and users read (heads' configs, prompt lists), not measurements
+NAMED = re.compile(r"benchmarks/[\w./-]+\.json")  # a JSON file named by its path: benchmarks/TOPIC/FILE.json
 
 
 def _load_tables():
-    spec = importlib.util.spec_from_file_location("benchmark_tables", ROOT / "benchmarks" / "tables.py")
+    spec = importlib.util.spec_from_file_location("benchmark_tables", BENCH / "tables" / "tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -20,6 +23,15 @@ def _load_tables():
 
 tables = _load_tables()
 pages = sorted(p for p in PAGES.glob("*.md") if p.name != "index.md" and not p.name.startswith("_"))
+
+
+def _results() -> list[Path]:
+    """Every measurement JSON under benchmarks/ (any depth), heads' and prompts' files aside."""
+    return sorted(p for p in BENCH.rglob("*.json") if p.relative_to(BENCH).parts[0] not in NOT_RESULTS)
+
+
+def _is_result(named: str) -> bool:
+    return Path(named).parts[1] not in NOT_RESULTS
 
 
 def test_generated_blocks_match_the_json():
@@ -50,8 +62,8 @@ def test_check_names_a_drifting_block_and_the_fix(tmp_path):
 @pytest.mark.parametrize("page", pages, ids=lambda p: p.name)
 def test_page_names_its_json_command_date_and_machine(page):
     text = page.read_text()
-    named = set(re.findall(r"benchmarks/[\w.-]+\.json", text))
-    assert named, f"{page.name} names no benchmarks/*.json file"
+    named = set(NAMED.findall(text))
+    assert any(map(_is_result, named)), f"{page.name} names no benchmarks/TOPIC/*.json file"
     missing = sorted(f for f in named if not (ROOT / f).is_file())
     assert not missing, f"{page.name} names JSON files that do not exist: {missing}"
     assert "**Command**" in text and "```bash\n" in text, f"{page.name} gives no command in a ```bash block"
@@ -62,8 +74,10 @@ def test_page_names_its_json_command_date_and_machine(page):
 
 
 def test_every_benchmark_json_has_a_page():
-    covered = {f for page in pages for f in re.findall(r"benchmarks/([\w.-]+\.json)", page.read_text())}
-    missing = sorted(p.name for p in (ROOT / "benchmarks").glob("*.json") if p.name not in covered)
+    covered = {f for page in pages for f in NAMED.findall(page.read_text())}
+    results = [p.relative_to(ROOT).as_posix() for p in _results()]
+    assert len(results) > 100, f"found only {len(results)} JSON files under benchmarks/"
+    missing = sorted(f for f in results if f not in covered)
     assert not missing, f"no docs/performance page names {missing}"
 
 

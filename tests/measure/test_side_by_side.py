@@ -1,4 +1,4 @@
-"""benchmarks/side_by_side.py reads llama.cpp's own timing and acceptance lines: checked against stand-in
+"""benchmarks/side-by-side/side_by_side.py reads llama.cpp's own timing and acceptance lines: checked against stand-in
 binaries that print what llama-completion and llama-speculative-simple (llama.cpp in llama-cpp-python
 0.3.36) print to stderr, copied from real runs."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("side_by_side", ROOT / "benchmarks" / "side_by_side.py")
+    spec = importlib.util.spec_from_file_location("side_by_side", ROOT / "benchmarks" / "side-by-side" / "side_by_side.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

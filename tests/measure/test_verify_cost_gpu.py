@@ -1,4 +1,4 @@
-"""benchmarks/verify_cost_gpu.py's dry run on the CPU (the GPU run is scripts/gpu_check.sh's): a random
+"""benchmarks/gpu/verify_cost_gpu.py's dry run on the CPU (the GPU run is scripts/gpu_check.sh's): a random
 checkpoint of the named shape is built, timed per row count through specrt's torch backend, and reported
 with verify_cost.py's fit."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "verify_cost_gpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "verify_cost_gpu.py"
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """``row_stable``: no target pass after the prefill has one row, so a chain reproduces plain decoding bit for
 bit on quantized targets (one-row passes take other kernels; multi-row causal passes agree row for row:
-benchmarks/row_numerics.py)."""
+benchmarks/verify-cost/row_numerics.py)."""
 
 from __future__ import annotations
 

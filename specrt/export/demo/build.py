@@ -111,7 +111,7 @@ def write_train_split(path: Path, max_bytes: int | None = None) -> Path:
     return path
 
 
-# What ships: fp16 graphs. Measured for issue #11 (benchmarks/quantized-demo-cpu.json and this
+# What ships: fp16 graphs. Measured for issue #11 (benchmarks/demo/quantized-demo-cpu.json and this
 # session's check): int8 weights (MatMulNBits, accuracy level 4) decode 1.6-2x faster on the CI CPU
 # with the same acceptance, but that kernel computes a row differently alone than among several, so
 # greedy speculation left plain decoding's tokens at near-ties in 6 of 27 method x prompt cases; the

@@ -3,7 +3,7 @@ named with ``--peer-gguf``. Two peers: plain decoding, and llama-cpp-python's ow
 (prompt lookup: ``LlamaPromptLookupDecoding``, drafts verified in one llama.cpp batch).
 
 llama.cpp's other speculative modes (draft-simple, draft-eagle3, the ngram caches) live in its
-``llama-speculative*`` programs, not in the bindings: ``benchmarks/side_by_side.py`` runs those binaries.
+``llama-speculative*`` programs, not in the bindings: ``benchmarks/side-by-side/side_by_side.py`` runs those binaries.
 llama_cpp is imported inside the functions, so registering the kind costs nothing.
 """
 

@@ -64,7 +64,7 @@ def trained(target, tmp_path_factory):
 
 
 def test_a_train_step_lowers_the_loss_and_refuses_a_non_finite_one_before_updating():
-    """The step the training loop and benchmarks/eagle_train_speed.py share: the learning rate of its step
+    """The step the training loop and benchmarks/eagle/eagle_train_speed.py share: the learning rate of its step
     (warm-up from near zero), clipped gradients, and nothing applied when the loss is not finite."""
     head, embed, t2d, b = tiny_head_and_batch()
     cfg = EagleTrainConfig(steps=40, lr=1e-2, ttt_steps=3, seq_len=10, compute="float32")
