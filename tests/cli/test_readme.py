@@ -1,5 +1,5 @@
 """The README stays short and true: under 200 lines, its test command is the one CI runs, every `specrt`
-command in its runnable blocks exits 0, and every relative link in README.md and docs/ resolves.
+command in its runnable blocks exits 0, and every relative link in README.md, docs/ and benchmarks/ resolves.
 
 Which blocks run, a visible rule: fenced ```bash / ```console / ```sh blocks are run (only their `specrt ...`
 commands: the install lines around them are what this environment already did); ```text blocks are shown,
@@ -138,7 +138,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)")
 REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)", re.M)
 INLINE_CODE = re.compile(r"`+[^`\n]*`+")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
-DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "benchmarks").rglob("*.md"))]
 
 
 def prose(text: str) -> str:

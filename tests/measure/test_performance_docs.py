@@ -1,5 +1,6 @@
 """The measurement tables in README.md and docs/ are the ones benchmarks/*/*.json give, and docs/performance/
-has a page, with its command, JSON file, date and machine, for every measurement."""
+has a page, with its command, JSON file, date and machine, for every measurement; benchmarks/ is laid out by
+topic, each folder holding its runners, its JSON and a README.md that benchmarks/README.md lists."""
 
 import importlib.util
 import re
@@ -79,6 +80,20 @@ def test_every_benchmark_json_has_a_page():
     assert len(results) > 100, f"found only {len(results)} JSON files under benchmarks/"
     missing = sorted(f for f in results if f not in covered)
     assert not missing, f"no docs/performance page names {missing}"
+
+
+def test_benchmarks_are_laid_out_by_topic():
+    """No loose JSON or runner at benchmarks/'s top level; every folder has a README.md the top one links."""
+    loose = sorted(p.name for p in BENCH.iterdir() if p.is_file() and p.name != "README.md")
+    assert not loose, f"benchmarks/ has files outside a topic folder: {loose}"
+    top = (BENCH / "README.md").read_text()
+    for folder in sorted(p for p in BENCH.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        assert (folder / "README.md").is_file(), f"benchmarks/{folder.name}/ has no README.md"
+        assert f"]({folder.name}/)" in top, f"benchmarks/README.md does not link {folder.name}/"
+    for path in _results():
+        assert path.parent.parent == BENCH, f"{path.relative_to(ROOT)}: results sit one folder deep, by topic"
+        named_here = re.search(rf"(?<![\w.-]){re.escape(path.name)}", (path.parent / "README.md").read_text())
+        assert named_here, f"benchmarks/{path.parent.name}/README.md does not name {path.name}"
 
 
 def test_every_table_appears_in_some_page():
