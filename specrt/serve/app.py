@@ -200,58 +200,155 @@ class _EventStream(StreamingResponse):
                 self.on_end(completed)
 
 
+@dataclass(frozen=True)
+class AppState:
+    """What every handler of one app shares: the settings, the scheduler in front of the generator, the
+    metrics, and the answers fixed at start (the model id, whether it can chat, when it was created)."""
+
+    config: ServeConfig
+    scheduler: Scheduler
+    metrics: ServeMetrics
+    model: str
+    has_template: bool
+    replica: str
+    created: int
+
+
 def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = "0",
                metrics: ServeMetrics | None = None) -> Starlette:
     """The Starlette app serving ``gen`` (a loaded :class:`~specrt.runtime.generator.SpeculativeGenerator`).
 
     ``replica`` names this copy of the app in every answer's ``specrt`` object and in ``/health`` (on Ray Serve:
     the replica's id; one process: "0"). The generator's worker thread starts and stops with the app's lifespan."""
-    metrics = metrics if metrics is not None else ServeMetrics()
+    state = app_state(gen, config, replica, metrics if metrics is not None else ServeMetrics())
+    api = Api(state)
+    app = Starlette(routes=api.routes(), lifespan=api.lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.scheduler, app.state.metrics, app.state.model = state.scheduler, state.metrics, state.model
+    return app
+
+
+def prepare_generator(gen: Any, config: ServeConfig) -> None:
+    """The one change serving makes to the generator it is given, before its scheduler exists."""
     gen.reuse_prefix = config.reuse_prefix  # the scheduler's one worker thread runs every request in turn
+
+
+def app_state(gen: Any, config: ServeConfig, replica: str, metrics: ServeMetrics) -> AppState:
+    """Set ``gen`` up for serving and put the scheduler in front of it."""
+    prepare_generator(gen, config)
     scheduler = Scheduler(gen, config.max_queue, metrics, config.options)
-    model = model_id(gen, config)
-    has_template = gen.manifest.tokenizer.chat_template is not None
-    created = int(time.time())
+    return AppState(config=config, scheduler=scheduler, metrics=metrics, model=model_id(gen, config),
+                    has_template=gen.manifest.tokenizer.chat_template is not None, replica=replica,
+                    created=int(time.time()))
 
-    async def read_json(request: Request) -> Any:
-        body = await read_body(request, config.max_body_bytes)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Api:
+    """The routes of one app over its :class:`AppState`, and the lifespan that runs its scheduler."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def routes(self) -> list[Route]:
+        models, completions, chat = (self.endpoint("models", self.models),
+                                     self.endpoint("completions", self.completions), self.endpoint("chat", self.chat))
+        return [
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.state.scheduler.start()
         try:
-            return json.loads(body)
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
-            raise protocol.invalid(None, "the request body is not valid JSON") from None
+            yield
+        finally:
+            await asyncio.to_thread(self.state.scheduler.stop)
 
-    def endpoint(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def endpoint(self, name: str, handler: Handler) -> Handler:
         """Authorization, OpenAI-style errors and the request metrics around ``handler``."""
 
         async def wrapped(request: Request) -> Response:
-            t0 = request.state.arrived = time.perf_counter()
+            request.state.arrived = time.perf_counter()
             try:
-                authorize(request, config.api_key)
+                authorize(request, self.state.config.api_key)
                 response = await handler(request)
             except ApiError as e:
                 response = error_response(e)
             except ClientDisconnect:
                 response = _Disconnected()
             if not isinstance(response, _EventStream):  # a stream records itself when it ends
-                metrics.requests.labels(endpoint=name, status=str(response.status_code)
-                                        if response.status_code != 499 else "disconnected").inc()
-                if name != "models":
-                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - t0)
+                self.record(name, request, "disconnected" if response.status_code == 499
+                            else str(response.status_code), latency=name != "models")
             return response
 
         return wrapped
 
-    async def generate(request: Request, name: str, req: GenerationRequest) -> Response:
-        if req.is_chat and not has_template:
-            raise ApiError(400, f"the model {model!r} has no chat template (its tokenizer had none at export): "
+    def record(self, name: str, request: Request, status: str, latency: bool = True) -> None:
+        """Count one answered request under ``status`` and, unless told not to, observe its latency."""
+        metrics = self.state.metrics
+        metrics.requests.labels(endpoint=name, status=status).inc()
+        if latency:
+            metrics.latency.labels(endpoint=name).observe(time.perf_counter() - request.state.arrived)
+
+    async def read_json(self, request: Request) -> Any:
+        body = await read_body(request, self.state.config.max_body_bytes)
+        try:
+            return json.loads(body)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+            raise protocol.invalid(None, "the request body is not valid JSON") from None
+
+    async def completions(self, request: Request) -> Response:
+        req = protocol.parse_completion(await self.read_json(request), self.state.model)
+        return await self.generate(request, "completions", req)
+
+    async def chat(self, request: Request) -> Response:
+        req = protocol.parse_chat(await self.read_json(request), self.state.model)
+        return await self.generate(request, "chat", req)
+
+    async def models(self, request: Request) -> Response:
+        model = self.state.model
+        card = {"id": model, "object": "model", "created": self.state.created, "owned_by": "specrt"}
+        wanted = request.path_params.get("model")
+        if wanted is None:
+            return JSONResponse({"object": "list", "data": [card]})
+        if wanted != model:
+            raise ApiError(404, f"the model {wanted!r} does not exist; this server serves {model!r}",
+                           code="model_not_found")
+        return JSONResponse(card)
+
+    async def health(self, request: Request) -> Response:
+        s = self.state
+        return JSONResponse({"status": "ok", "model": s.model, "queue_depth": s.scheduler.depth,
+                             "max_queue": s.config.max_queue, "busy": s.scheduler.busy, "replica": s.replica})
+
+    async def prometheus(self, request: Request) -> Response:
+        body, content_type = self.state.metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
+
+    def submit(self, req: GenerationRequest) -> Job:
+        """Queue ``req`` for the generator, or the 400 (chat without a template) or the 429 (queue full)."""
+        s = self.state
+        if req.is_chat and not s.has_template:
+            raise ApiError(400, f"the model {s.model!r} has no chat template (its tokenizer had none at export): "
                                 "use /v1/completions with a plain prompt", code="no_chat_template")
         job = Job(req, asyncio.get_running_loop())
         try:
-            scheduler.submit(job)
+            s.scheduler.submit(job)
         except QueueFull:
-            raise ApiError(429, f"the queue is full ({config.max_queue} requests waiting): retry later",
+            raise ApiError(429, f"the queue is full ({s.config.max_queue} requests waiting): retry later",
                            code="queue_full", type="rate_limit_error",
-                           headers={"Retry-After": str(scheduler.retry_after())}) from None
+                           headers={"Retry-After": str(s.scheduler.retry_after())}) from None
+        return job
+
+    async def generate(self, request: Request, name: str, req: GenerationRequest) -> Response:
+        job = self.submit(req)
         disconnected = asyncio.ensure_future(_until_disconnect(request.receive))
         streaming = False
         try:
@@ -263,35 +360,32 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = 
             assert isinstance(first, Started)
             rid = protocol.new_id(req)
             if req.stream:
-                outcome = {"status": "disconnected"}
-
-                def on_end(completed: bool) -> None:
-                    scheduler.cancel(job)  # no-op for a finished job; stops one whose client left
-                    metrics.requests.labels(endpoint=name, status=outcome["status"] if completed
-                                            else "disconnected").inc()
-                    metrics.latency.labels(endpoint=name).observe(time.perf_counter() - request.state.arrived)
-
                 streaming = True
-                return _EventStream(stream_events(job, req, rid, first, outcome), disconnected, on_end)
-            end = await _first(finished(job), disconnected)
+                return self.event_stream(request, name, job, rid, first, disconnected)
+            end = await _first(_finished(job), disconnected)
             if end is None:
                 return _Disconnected()
-            return JSONResponse(protocol.response(req, rid, model, end.result, first.prompt_tokens, replica))
+            return JSONResponse(protocol.response(req, rid, self.state.model, end.result, first.prompt_tokens,
+                                                  self.state.replica))
         finally:
             if not streaming:
-                scheduler.cancel(job)
+                self.state.scheduler.cancel(job)
                 disconnected.cancel()
 
-    async def finished(job: Job) -> Finished:
-        while True:
-            event = await job.events.get()
-            if isinstance(event, Finished):
-                return event
-            if isinstance(event, Failed):
-                raise event.error
+    def event_stream(self, request: Request, name: str, job: Job, rid: str, started: Started,
+                     disconnected: asyncio.Future) -> _EventStream:
+        """The streamed answer: it cancels its job and records the request once it ends, however it ends."""
+        outcome = {"status": "disconnected"}
 
-    async def stream_events(job: Job, req: GenerationRequest, rid: str, started: Started,
+        def on_end(completed: bool) -> None:
+            self.state.scheduler.cancel(job)  # no-op for a finished job; stops one whose client left
+            self.record(name, request, outcome["status"] if completed else "disconnected")
+
+        return _EventStream(self.stream_events(job, rid, started, outcome), disconnected, on_end)
+
+    async def stream_events(self, job: Job, rid: str, started: Started,
                             outcome: dict[str, str]) -> AsyncIterator[bytes]:
+        req, model = job.request, self.state.model
         if req.is_chat:
             yield _sse(protocol.chunk(req, rid, model, first=True))
         while True:
@@ -299,16 +393,8 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = 
             if isinstance(event, Piece):
                 yield _sse(protocol.chunk(req, rid, model, event.text))
             elif isinstance(event, Finished):
-                result = event.result
-                last = protocol.chunk(req, rid, model, finish=protocol.FINISH[result.finish_reason])
-                last["specrt"] = protocol.extension(result.stats, replica)
-                yield _sse(last)
-                if req.include_usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
-                    tail = protocol.chunk(req, rid, model)
-                    tail["choices"] = []
-                    tail["usage"] = protocol.usage(started.prompt_tokens, len(result.token_ids),
-                                                   result.stats.reused_tokens)
-                    yield _sse(tail)
+                for chunk in self.last_chunks(req, rid, started, event):
+                    yield _sse(chunk)
                 yield b"data: [DONE]\n\n"
                 outcome["status"] = "200"
                 return
@@ -318,58 +404,36 @@ def create_app(gen: Any, config: ServeConfig = ServeConfig(), *, replica: str = 
                 outcome["status"] = str(event.error.status)
                 return
 
-    async def completions(request: Request) -> Response:
-        return await generate(request, "completions", protocol.parse_completion(await read_json(request), model))
+    def last_chunks(self, req: GenerationRequest, rid: str, started: Started, end: Finished) -> list[dict]:
+        """The chunk with the finish reason and the ``specrt`` object, then the usage chunk if asked for."""
+        result, model = end.result, self.state.model
+        last = protocol.chunk(req, rid, model, finish=protocol.FINISH[result.finish_reason])
+        last["specrt"] = protocol.extension(result.stats, self.state.replica)
+        if not req.include_usage:
+            return [last]
+        tail = protocol.chunk(req, rid, model)  # OpenAI's stream_options.include_usage: one more chunk, no choices
+        tail["choices"] = []
+        tail["usage"] = protocol.usage(started.prompt_tokens, len(result.token_ids), result.stats.reused_tokens)
+        return [last, tail]
 
-    async def chat(request: Request) -> Response:
-        return await generate(request, "chat", protocol.parse_chat(await read_json(request), model))
 
-    async def models(request: Request) -> Response:
-        card = {"id": model, "object": "model", "created": created, "owned_by": "specrt"}
-        wanted = request.path_params.get("model")
-        if wanted is None:
-            return JSONResponse({"object": "list", "data": [card]})
-        if wanted != model:
-            raise ApiError(404, f"the model {wanted!r} does not exist; this server serves {model!r}",
-                           code="model_not_found")
-        return JSONResponse(card)
+async def _finished(job: Job) -> Finished:
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Finished):
+            return event
+        if isinstance(event, Failed):
+            raise event.error
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": model, "queue_depth": scheduler.depth,
-                             "max_queue": config.max_queue, "busy": scheduler.busy, "replica": replica})
 
-    async def prometheus(request: Request) -> Response:
-        body, content_type = metrics.render()
-        return Response(body, headers={"Content-Type": content_type})
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return error_response(ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        # Starlette re-raises after this answer, so uvicorn logs the traceback; the client gets none.
-        return error_response(ApiError(500, "internal server error (details are in the server log)"))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        scheduler.start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(scheduler.stop)
-
-    routes = [
-        Route("/v1/models", endpoint("models", models), methods=["GET"]),
-        Route("/v1/models/{model:path}", endpoint("models", models), methods=["GET"]),
-        Route("/v1/completions", endpoint("completions", completions), methods=["POST"]),
-        Route("/v1/chat/completions", endpoint("chat", chat), methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
-    app.state.scheduler, app.state.metrics, app.state.model = scheduler, metrics, model
-    return app
+async def server_error(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises after this answer, so uvicorn logs the traceback; the client gets none.
+    return error_response(ApiError(500, "internal server error (details are in the server log)"))
 
 
 def _absorb(signum: int, frame: Any) -> None:
