@@ -22,19 +22,8 @@ from specrt.errors import ConfigError, ContextLengthError, SpecrtError
 from specrt.runtime.backends import base
 from specrt.runtime.backends.cuda import DeviceKVCache, compaction_copies
 from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads, _session
-from specrt.runtime.backends.tensorrt import (
-    PREFILL,
-    VERIFY,
-    EngineLimits,
-    TrtDecoder,
-    TrtHeads,
-    _trt_available,
-    check_engine,
-    choose_profile,
-    engine_record,
-    role_of,
-    tensor_plan,
-)
+from specrt.runtime.backends.tensorrt import TrtDecoder, TrtHeads, _trt_available, check_engine, engine_record, role_of
+from specrt.runtime.backends.tensorrt_io import PREFILL, VERIFY, EngineLimits, choose_profile, tensor_plan
 from specrt.runtime.kvcache import KVCache
 from specrt.runtime.masks import causal_mask
 
@@ -364,7 +353,6 @@ def test_every_tensorrt_binding_is_aligned_whatever_the_row_size(row_bytes):
     then writes to an aligned scratch block and copies the rows into the cache afterwards."""
     from specrt.bundle.contract import ModelDims
     from specrt.bundle.manifest import ModelEntry
-    from specrt.runtime.backends.tensorrt import tensor_plan
 
     dims = ModelDims(num_layers=2, num_heads=2, num_kv_heads=1, head_dim=row_bytes // 4, hidden_size=16,
                      vocab_size=50)
