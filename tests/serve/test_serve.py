@@ -1,7 +1,9 @@
 """`specrt serve`: real server processes on loopback, driven by the official OpenAI client and raw HTTP.
 
 Every server binds 127.0.0.1 on a free port, runs with one intra-op thread and stops with SIGTERM (exit 0
-checked). The demo bundle serves completions; the chat endpoint uses conftest's tiny instruct bundle.
+checked). This file: completions on the demo bundle, bad requests, metrics, a failing request and the command
+line; test_serve_chat.py: the chat endpoint on conftest's tiny instruct bundle; test_serve_lifecycle.py: the
+queue, the API key, the soak and shutdown. Shared: tests/serve/conftest.py and tests/support/servers.py.
 """
 
 from __future__ import annotations
@@ -21,33 +23,25 @@ openai = pytest.importorskip("openai", reason="needs the dev extra (the OpenAI c
 
 from click.testing import CliRunner  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from support import soak  # noqa: E402
-from support.servers import ROOT, Server, free_port, hide_modules, open_stream, read_events  # noqa: E402
+from support.servers import (  # noqa: E402
+    DEMO,
+    LONG_PROMPT,
+    ROOT,
+    Server,
+    error_of,
+    free_port,
+    hide_modules,
+    stopped_cleanly,
+)
 
-import specrt  # noqa: E402
 from specrt.cli import main  # noqa: E402
-from specrt.serve.protocol import FINISH  # noqa: E402
-
-DEMO = "specrt-demo"
-LONG_PROMPT = "def fib(n):"  # greedy on the demo runs the full 1000 tokens (no EOS): ~7-10 s on 2 cores
-KEY = "test-key-123"
-
-
-def _stopped_cleanly(server: Server) -> None:
-    rc = server.stop()
-    assert rc == 0, f"exit code {rc}:\n{server.log.read_text()}"
-
-
-@pytest.fixture(scope="module")
-def demo_gen():
-    return specrt.load(threads=1)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = Server(tmp_path_factory.mktemp("serve"), "--max-queue", "16")
     yield s
-    _stopped_cleanly(s)
+    stopped_cleanly(s)
 
 
 # --- completions on the demo bundle --------------------------------------------------------------------------
@@ -122,13 +116,6 @@ def test_sixteen_concurrent_streams_all_complete_unmixed(server, demo_gen):
     assert m[("specrt_queue_wait_seconds_count", ())] >= 16 and m[("specrt_queue_depth", ())] == 0
 
 
-def _error(status_body: tuple[int, dict, bytes]) -> dict:
-    status, _, body = status_body
-    text = body.decode()
-    assert "Traceback" not in text and str(ROOT) not in text and "/site-packages/" not in text
-    return json.loads(text)["error"]
-
-
 @pytest.mark.parametrize("change,param", [
     ({"temperature": -0.5}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
@@ -142,7 +129,7 @@ def test_bad_parameters_are_400_naming_them(server, change, param):
     body = {"model": DEMO, "prompt": "x", "max_tokens": 4, **change}
     response = server.request("POST", "/v1/completions", {k: v for k, v in body.items() if v is not None})
     assert response[0] == 400
-    error = _error(response)
+    error = error_of(response)
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
 
 
@@ -152,7 +139,7 @@ def test_bad_parameters_are_400_naming_them(server, change, param):
 ])
 def test_malformed_bodies_and_unknown_model(server, body, status, match):
     response = server.request("POST", "/v1/completions", body)
-    assert response[0] == status and match in _error(response)["message"]
+    assert response[0] == status and match in error_of(response)["message"]
 
 
 def test_openai_client_raises_bad_request(server):
@@ -163,9 +150,9 @@ def test_openai_client_raises_bad_request(server):
 def test_prompt_beyond_the_context_is_400(server):
     long_prompt = "def f(x):\n    return x\n" * 400  # far more than the demo's 1024 positions
     response = server.request("POST", "/v1/completions", {"model": DEMO, "prompt": long_prompt, "max_tokens": 4})
-    assert response[0] == 400 and _error(response)["code"] == "context_length_exceeded"
+    assert response[0] == 400 and error_of(response)["code"] == "context_length_exceeded"
     response = server.request("POST", "/v1/completions", {"model": DEMO, "prompt": "x", "max_tokens": 5000})
-    assert response[0] == 400 and "max context" in _error(response)["message"]
+    assert response[0] == 400 and "max context" in error_of(response)["message"]
 
 
 def test_chat_on_a_bundle_without_template_is_a_clear_400(server):
@@ -177,13 +164,13 @@ def test_chat_on_a_bundle_without_template_is_a_clear_400(server):
 def test_oversized_body_is_413_and_the_server_serves_on(server):
     response = server.request("POST", "/v1/completions",
                               {"model": DEMO, "prompt": "x" * (1 << 20), "max_tokens": 1})  # default limit: 1 MiB
-    assert response[0] == 413 and _error(response)["code"] == "request_too_large"
+    assert response[0] == 413 and error_of(response)["code"] == "request_too_large"
     assert server.client().completions.create(model=DEMO, prompt="x", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_unknown_routes_answer_openai_style(server):
     response = server.get("/v1/embeddings")
-    assert response[0] == 404 and _error(response)["message"]
+    assert response[0] == 404 and error_of(response)["message"]
     assert server.request("DELETE", "/v1/completions")[0] == 405
 
 
@@ -213,93 +200,6 @@ def test_a_client_that_leaves_mid_generation_cancels_it(server):
     after = server.metrics()
     key = ("specrt_generations_total", (("finish", "cancelled"),))
     assert after.get(key, 0) - before.get(key, 0) == 1  # stopped, not run to its 1000 tokens
-
-
-# --- queue, disconnects, API key -----------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tight(tmp_path_factory):
-    """One request may wait besides the running one; an API key is required."""
-    s = Server(tmp_path_factory.mktemp("tight"), "--max-queue", "1", "--api-key", KEY)
-    yield s
-    _stopped_cleanly(s)
-
-
-def test_api_key(tight):
-    with pytest.raises(openai.AuthenticationError):
-        tight.client().models.list()
-    with pytest.raises(openai.AuthenticationError):
-        tight.client(api_key="wrong").completions.create(model=DEMO, prompt="x", max_tokens=1)
-    response = tight.request("POST", "/v1/completions", {"model": DEMO, "prompt": "x"})
-    assert response[0] == 401 and response[1]["www-authenticate"] == "Bearer"
-    assert _error(response)["code"] == "invalid_api_key"
-    assert tight.client(api_key=KEY).completions.create(model=DEMO, prompt="x", max_tokens=1).choices
-    assert tight.get("/health")[0] == 200  # probes need no key
-
-
-def test_full_queue_429_and_disconnects_free_the_slot(tight, demo_gen):
-    auth = {"Authorization": f"Bearer {KEY}"}
-    before = tight.metrics()
-    long = open_stream(tight, {"model": DEMO, "prompt": LONG_PROMPT, "max_tokens": 1000, "temperature": 0}, auth)
-    resp = long.getresponse()  # headers come once its generation has started
-    assert resp.status == 200 and resp.readline().startswith(b"data: ")
-    waiting = open_stream(tight, {"model": DEMO, "prompt": "x", "max_tokens": 4}, auth)
-    tight.wait_for(lambda: tight.health()["queue_depth"] == 1, "the second request to queue")
-
-    with pytest.raises(openai.RateLimitError) as full:
-        tight.client(api_key=KEY).completions.create(model=DEMO, prompt="x", max_tokens=4)
-    assert int(full.value.response.headers["retry-after"]) >= 1
-    assert full.value.body["code"] == "queue_full"
-
-    waiting.close()  # a queued client leaves: its slot frees at once
-    tight.wait_for(lambda: tight.health()["queue_depth"] == 0, "the abandoned request to leave the queue")
-    prompt = "def step_3(x):"
-    next_one = open_stream(tight, {"model": DEMO, "prompt": prompt, "max_tokens": 12, "temperature": 0}, auth)
-    tight.wait_for(lambda: tight.health()["queue_depth"] == 1, "the next request to take the slot")
-    assert tight.health()["busy"]
-
-    long.close()  # the running client leaves: its generation stops at the next step, the queue moves
-    resp = next_one.getresponse()
-    events = read_events(resp)
-    assert events[-1] == "[DONE]"
-    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == demo_gen.generate(prompt, max_new_tokens=12).text
-    next_one.close()
-    after = tight.metrics()
-
-    def delta(name, labels=()):
-        return after.get((name, labels), 0) - before.get((name, labels), 0)
-
-    # The long generation ended as cancelled (a finished one would count under "length" after ~10 s).
-    assert delta("specrt_generations_total", (("finish", "cancelled"),)) == 1
-    assert delta("specrt_generations_total", (("finish", "length"),)) == 1  # the one that took the slot
-    assert delta("specrt_requests_total", (("endpoint", "completions"), ("status", "disconnected"))) == 2
-    assert delta("specrt_requests_total", (("endpoint", "completions"), ("status", "429"))) == 1
-    assert delta("specrt_generated_tokens_total") == 12
-
-
-# --- the soak (tests/support/soak.py; the same against the Ray replicas in test_cluster.py) ------------------
-
-def test_soak_320_mixed_requests_lose_nothing_and_leak_nothing(tmp_path):
-    """320 requests from 8 clients on a bundle serving completions and chat: each ends in its exact answer or the
-    error it provoked; the clients that leave have their generations cancelled; the process's RSS stays put."""
-    bundle = soak.chat_demo(tmp_path / "demo-chat")
-    reference = soak.Reference(specrt.load(bundle, threads=1))
-    s = Server(tmp_path, "--bundle", str(bundle), "--api-key", KEY)
-    try:
-        soak.check(soak.run_soak(s, reference, "demo-chat", KEY, soak.plan(32, seed=1)))  # warm-up: every path
-        rss, before = soak.rss_bytes(s.proc.pid), s.metrics()
-        report = soak.run_soak(s, reference, "demo-chat", KEY, soak.plan(320, seed=2))
-        soak.wait_idle(s, replicas=1)
-        growth, after = soak.rss_bytes(s.proc.pid) / rss - 1, s.metrics()
-    finally:
-        _stopped_cleanly(s)
-    print(f"soak, one process: {report.summary()}; RSS {rss / 2**20:.0f} MiB, {growth:+.1%}")
-    soak.check(report)  # one process: no error for any good request
-    assert report.count()["exact"] >= 200 and report.wall_s < 120, report.summary()
-    left = sum(o.job.kind == "leave" and o.job.streamed for o in report.outcomes)
-    cancelled = ("specrt_generations_total", (("finish", "cancelled"),))
-    assert after[cancelled] - before.get(cancelled, 0) >= left  # each stream that lost its client stopped early
-    assert growth < 0.10, f"RSS grew {growth:.1%} over the soak"
 
 
 # --- one failing request, in-process (a broken generator is not something a real bundle offers on cue) ----------
@@ -361,107 +261,6 @@ def test_an_exception_in_one_request_is_a_500_and_the_server_serves_on(demo_gen)
         uv.should_exit = True
         thread.join(30)
     assert not thread.is_alive()
-
-
-# --- chat, on the tiny instruct bundle ------------------------------------------------------------------------
-
-MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
-
-
-@pytest.fixture(scope="module")
-def chat_server(chat_bundle, tmp_path_factory):
-    # The instruct bundle has no draft model: prompt lookup speculates instead.
-    s = Server(tmp_path_factory.mktemp("chat"), "--bundle", str(chat_bundle), "--method", "ngram",
-               "--model-name", "tiny-instruct")
-    yield s
-    _stopped_cleanly(s)
-
-
-def test_chat_equals_gen_chat(chat_server, chat_bundle):
-    gen = specrt.load(chat_bundle, threads=1)
-    expected = gen.chat(MESSAGES, max_new_tokens=12, temperature=0.7, seed=3, method="ngram")
-    client = chat_server.client()
-    out = client.chat.completions.create(model="tiny-instruct", messages=MESSAGES, max_tokens=12, temperature=0.7,
-                                         seed=3)
-    assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
-    assert out.choices[0].message.content == expected.text
-    assert out.usage.prompt_tokens == len(gen.encode_chat(MESSAGES))
-    assert out.usage.completion_tokens == len(expected.token_ids)
-    assert out.usage.prompt_tokens_details.cached_tokens == 0  # no --reuse-prefix: every prompt fed whole
-    assert out.specrt["method"] == "ngram"
-
-    parts = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in MESSAGES]
-    chunks = list(client.chat.completions.create(model="tiny-instruct", messages=parts, max_completion_tokens=12,
-                                                 temperature=0.7, seed=3, stream=True))
-    assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
-    assert chunks[-1].choices[0].finish_reason == FINISH[expected.finish_reason]
-
-
-def test_chat_without_max_tokens_fills_at_most_the_context(chat_server, chat_bundle):
-    gen = specrt.load(chat_bundle, threads=1)
-    out = chat_server.client().chat.completions.create(model="tiny-instruct", messages=MESSAGES, temperature=0)
-    expected = gen.chat(MESSAGES, max_new_tokens=gen.max_context - len(gen.encode_chat(MESSAGES)), method="ngram")
-    assert out.choices[0].message.content == expected.text
-    assert out.usage.total_tokens <= gen.max_context
-
-
-def test_reuse_prefix_feeds_only_a_conversations_new_turn(chat_bundle, tmp_path):
-    """OpenAI clients re-send the whole conversation every turn: with --reuse-prefix the server keeps the last
-    request's context and feeds the rest; the reply is what a fresh generation gives (fp32), the kept tokens
-    are OpenAI's usage.prompt_tokens_details.cached_tokens, and without the flag nothing is kept."""
-    gen = specrt.load(chat_bundle, threads=1)
-    s = Server(tmp_path, "--bundle", str(chat_bundle), "--method", "ngram", "--model-name", "tiny-instruct",
-               "--reuse-prefix")
-    try:
-        client = s.client()
-        first = client.chat.completions.create(model="tiny-instruct", messages=MESSAGES, max_tokens=12, temperature=0)
-        assert first.usage.prompt_tokens_details.cached_tokens <= 1  # the server's warm-up shared its BOS at most
-        turn = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
-                           {"role": "user", "content": "and fib(10)?"}]
-        chunks = list(client.chat.completions.create(model="tiny-instruct", messages=turn, max_tokens=12,
-                                                     temperature=0, stream=True,
-                                                     stream_options={"include_usage": True}))
-        expected = gen.chat(turn, max_new_tokens=12, method="ngram")
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
-        cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
-        assert len(gen.encode_chat(MESSAGES)) - 2 <= cached < chunks[-1].usage.prompt_tokens
-    finally:
-        _stopped_cleanly(s)
-
-
-def test_a_template_refusing_the_messages_is_a_400(chat_server):
-    with pytest.raises(openai.BadRequestError, match="content"):
-        chat_server.client().chat.completions.create(model="tiny-instruct",
-                                                     messages=[{"role": "user", "content": [{"type": "image_url"}]}])
-
-
-# --- shutdown --------------------------------------------------------------------------------------------------
-
-def test_sigterm_drains_in_flight_streams_and_exits_0(tmp_path, demo_gen):
-    s = Server(tmp_path)
-    conn = open_stream(s, {"model": DEMO, "prompt": "import os", "max_tokens": 120, "temperature": 0})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    s.terminate()
-    events = read_events(resp)
-    assert events[-1] == "[DONE]"
-    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == demo_gen.generate(
-        "import os", max_new_tokens=120).text
-    _stopped_cleanly(s)
-
-
-def test_sigterm_cancels_what_outlasts_the_drain_timeout(tmp_path):
-    s = Server(tmp_path, "--drain-timeout", "0.5")
-    conn = open_stream(s, {"model": DEMO, "prompt": LONG_PROMPT, "max_tokens": 1000, "temperature": 0})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    t0 = time.monotonic()
-    s.terminate()
-    events = read_events(resp)
-    assert "[DONE]" not in events  # cut off, not finished
-    _stopped_cleanly(s)
-    assert time.monotonic() - t0 < 6  # the 1000-token generation (~10 s) did not run to its end
 
 
 # --- the command line ------------------------------------------------------------------------------------------
