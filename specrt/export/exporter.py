@@ -221,6 +221,18 @@ def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
     return dims, reference, golden, taps_reference, head
 
 
+@dataclass
+class _Sources:
+    """What the export reads before any graph is made: each role's source, config and tokenizer."""
+
+    paths: dict[str, str]  # role -> local folder (a hub id resolved)
+    configs: dict[str, Any]
+    tokenizers: dict[str, Any]
+    tokenizer: TokenizerEntry  # the target's, as the manifest records it
+    vocab_check: dict
+    max_context: int
+
+
 def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
                   reporter: Reporter = SilentReporter(), eagle: str | None = None) -> Manifest:
     """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed.
@@ -231,85 +243,100 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         options = replace(options, eagle=str(eagle))
     out = Path(out)
     _check_output(out, options.force)
-    sources = {"target": resolve_source(target)}
+    paths = {"target": resolve_source(target)}
     if draft is not None:
-        sources["draft"] = resolve_source(draft)
-
+        paths["draft"] = resolve_source(draft)
     with reporter.step("Reading configs and tokenizers"):
-        configs = {role: load_config(src) for role, src in sources.items()}
-        tokenizers = {role: load_tokenizer(src) for role, src in sources.items()}
-        generation_config = load_generation_config(sources["target"])
-        tokenizer = _tokenizer_entry(tokenizers["target"], configs["target"], generation_config,
-                                     len(tokenizers["target"]))
-        if tokenizer.chat_template:
-            check_chat_template(tokenizers["target"], tokenizer.special_tokens)
-        vocab_check = {}
-        if "draft" in sources:
-            vocab_check = compare_vocab(tokenizers["target"], tokenizers["draft"],
-                                        configs["target"].vocab_size, configs["draft"].vocab_size)
-        max_context = _max_context(options.max_context, min(
-            adapter_for(c.model_type).max_positions(c) for c in configs.values()))
+        sources = _read_sources(paths, options)
     head_info = None
     if options.eagle is not None:
         from .eagle.graph import read_head
 
         with reporter.step(f"Reading the EAGLE-3 head {options.eagle}"):
-            head_info = read_head(options.eagle, configs["target"])
+            head_info = read_head(options.eagle, sources.configs["target"])
             release_memory()  # its weights are read again where the head is exported
 
     tmp = staging_folder(out)
     try:
         entries: dict[str, ModelEntry] = {}
         medusa = None
-        cases = ParityCases.draw(len(tokenizers["target"]), max_context)
-        for role, src in sources.items():
-            job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(configs[role].model_type), configs[role]),
-                          max_context=max_context, cases=cases, token_limit=len(tokenizers["target"]),
-                          path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None)
-            if options.isolate_for(src):
-                dims, reference, golden, taps_reference, head = run_isolated(torch_side, (job,), reporter)
-            else:
-                dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
-                release_memory()
-            graph = options.graph_for(job.fused)
-            if graph == C.GQA_GRAPH:
-                from .graph.gqa import rewrite_file
-
-                what = role + (" and its EAGLE-3 head" if head is not None else "")
-                with reporter.step(f"Rewriting {what} for ONNX Runtime's GroupQueryAttention"):
-                    rewrite_file(tmp / f"{role}.onnx", tmp / f"{role}.onnx", dims)
-                    if head is not None:  # its one layer's cache too: written in place, bound once
-                        from .eagle.graph import GRAPH_FILE
-
-                        rewrite_file(tmp / GRAPH_FILE, tmp / GRAPH_FILE, head.dims)
-            with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
-                parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
-                                      taps_reference=taps_reference)
+        cases = ParityCases.draw(len(sources.tokenizers["target"]), sources.max_context)
+        for role in sources.paths:
+            entries.update(_export_role(role, sources, options, cases, head_info, tmp, reporter))
             if role == "target" and options.medusa:
                 with reporter.step(f"Exporting Medusa heads {options.medusa}"):
-                    medusa = _export_medusa(Path(options.medusa), tmp, dims, options)
-            entries[role] = ModelEntry(file=f"{role}.onnx", source=src, architecture=configs[role].model_type,
-                                       dtype=options.dtype, dims=dims, parity=parity,
-                                       parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
-                                       golden=golden, graph=graph, eagle_taps=job.taps,
-                                       tap_width=len(job.taps) * dims.hidden_size, logits_index=True,
-                                       **graph_cost(tmp / f"{role}.onnx").manifest_fields())
-            if head is not None:
-                with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
-                    entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype, graph)
-
+                    medusa = _export_medusa(Path(options.medusa), tmp, entries["target"].dims, options)
         with reporter.step(f"Writing bundle {out}"):
-            tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
+            tokenizer = sources.tokenizer
+            sources.tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
             if tokenizer.chat_template:
-                (tmp / tokenizer.chat_template).write_text(chat_template_of(tokenizers["target"]), encoding="utf-8")
-            manifest = Manifest(max_context=max_context, tokenizer=tokenizer,
-                                models=entries, vocab_check=vocab_check, versions=_versions(), medusa=medusa)
+                (tmp / tokenizer.chat_template).write_text(chat_template_of(sources.tokenizers["target"]),
+                                                           encoding="utf-8")
+            manifest = Manifest(max_context=sources.max_context, tokenizer=tokenizer, models=entries,
+                                vocab_check=sources.vocab_check, versions=_versions(), medusa=medusa)
             manifest.write(tmp)
             publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _read_sources(paths: dict[str, str], options: ExportOptions) -> _Sources:
+    """Configs and tokenizers of every role, the target's chat template checked, the draft's vocabulary compared
+    with the target's, and the context the bundle allows."""
+    configs = {role: load_config(src) for role, src in paths.items()}
+    tokenizers = {role: load_tokenizer(src) for role, src in paths.items()}
+    tokenizer = _tokenizer_entry(tokenizers["target"], configs["target"], load_generation_config(paths["target"]),
+                                 len(tokenizers["target"]))
+    if tokenizer.chat_template:
+        check_chat_template(tokenizers["target"], tokenizer.special_tokens)
+    vocab_check = {}
+    if "draft" in paths:
+        vocab_check = compare_vocab(tokenizers["target"], tokenizers["draft"],
+                                    configs["target"].vocab_size, configs["draft"].vocab_size)
+    max_context = _max_context(options.max_context, min(
+        adapter_for(c.model_type).max_positions(c) for c in configs.values()))
+    return _Sources(paths, configs, tokenizers, tokenizer, vocab_check, max_context)
+
+
+def _export_role(role: str, sources: _Sources, options: ExportOptions, cases: ParityCases, head_info: Any,
+                 tmp: Path, reporter: Reporter) -> dict[str, ModelEntry]:
+    """One model traced (in a child process where ``options`` isolate it), rewritten for its graph kind and
+    checked against PyTorch: its manifest entry, and the EAGLE-3 head's when the target carries one."""
+    src, config = sources.paths[role], sources.configs[role]
+    job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(config.model_type), config),
+                  max_context=sources.max_context, cases=cases, token_limit=len(sources.tokenizers["target"]),
+                  path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None)
+    if options.isolate_for(src):
+        dims, reference, golden, taps_reference, head = run_isolated(torch_side, (job,), reporter)
+    else:
+        dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
+        release_memory()
+    graph = options.graph_for(job.fused)
+    if graph == C.GQA_GRAPH:
+        from .graph.gqa import rewrite_file
+
+        what = role + (" and its EAGLE-3 head" if head is not None else "")
+        with reporter.step(f"Rewriting {what} for ONNX Runtime's GroupQueryAttention"):
+            rewrite_file(tmp / f"{role}.onnx", tmp / f"{role}.onnx", dims)
+            if head is not None:  # its one layer's cache too: written in place, bound once
+                from .eagle.graph import GRAPH_FILE
+
+                rewrite_file(tmp / GRAPH_FILE, tmp / GRAPH_FILE, head.dims)
+    with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
+        parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
+                              taps_reference=taps_reference)
+    entries = {role: ModelEntry(file=f"{role}.onnx", source=src, architecture=config.model_type,
+                                dtype=options.dtype, dims=dims, parity=parity,
+                                parity_tolerance=PARITY_TOLERANCE[options.dtype].to_json(),
+                                golden=golden, graph=graph, eagle_taps=job.taps,
+                                tap_width=len(job.taps) * dims.hidden_size, logits_index=True,
+                                **graph_cost(tmp / f"{role}.onnx").manifest_fields())}
+    if head is not None:
+        with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
+            entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype, graph)
+    return entries
 
 
 def _head_entry(info, head, tmp: Path, dtype: str, graph: str) -> ModelEntry:

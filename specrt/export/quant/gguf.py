@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError, ModelLoadError
+from ..graph.edit import drop_dead
 from .block_term import BLOCK, BlockTerms
+from .lookups import quantize_lookups, tied_heads, untie_lm_head
 
 KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # GGML type → MatMulNBits bits
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per block of 32
@@ -246,8 +248,6 @@ def keep_blocks(path: Path, out: Path, gguf_path: Path, accuracy_level: int) -> 
     from onnx import helper, numpy_helper
 
     from ...bundle import contract as C
-    from ..graph.edit import drop_dead
-    from .lookups import quantize_lookups, tied_heads, untie_lm_head
     from ..staging import load_graph, save_graph
 
     model = load_graph(path)

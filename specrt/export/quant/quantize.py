@@ -172,6 +172,32 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         raise SpecrtError("quantizing needs the onnx package: pip install onnx (torch is not needed)") from None
     src, out = Path(src), Path(out)
     manifest = load_manifest(src)
+    _check_quantizable(src, manifest, options)
+    prompts = prompts if prompts is not None else builtin_prompts("all")
+    say = progress or (lambda message: None)
+    models = dict(manifest.models)
+    with staged(out, options.force) as tmp:
+        for item in src.iterdir():
+            if item.name != "engines":  # engines belong to the float graphs
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        kernel = "nbits" if options.kernel == "auto" else options.kernel  # auto: until the target's is timed
+        for role, entry in sorted(manifest.models.items(), key=lambda item: item[0] != "target"):
+            if options.bits_for(role) is None and options.gguf_for(role) is None:
+                continue
+            record, kernel, bits = _quantize_model(src, tmp, manifest, role, options, kernel, progress)
+            if entry.kind != "eagle3":  # a proposer has no distribution gate: the target verifies what it drafts
+                say(f"{role}: checking int{bits} against the float graph")
+                record["parity"] = _gate(src, tmp, manifest, role, options, bits, prompts)
+            models[role] = replace(entry, quantization=record)
+        _record_head_acceptance(src, tmp, manifest, models, prompts, say)
+        for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
+            models[role] = replace(entry, **graph_cost(tmp / entry.file).manifest_fields())
+        quantized = replace(manifest, models=models, engines={})
+        quantized.write(tmp)
+    return quantized
+
+
+def _check_quantizable(src: Path, manifest: Manifest, options: QuantizeOptions) -> None:
     for role, entry in manifest.models.items():
         if entry.quantization:
             raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
@@ -180,84 +206,77 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
             if options.bits_for(role) is not None and entry.dims.hidden_size % size:
                 raise ConfigError(f"block size {size} does not divide the {role}'s hidden size "
                                   f"{entry.dims.hidden_size}")
-    prompts = prompts if prompts is not None else builtin_prompts("all")
-    models = dict(manifest.models)
-    with staged(out, options.force) as tmp:
-        for item in src.iterdir():
-            if item.name != "engines":  # engines belong to the float graphs
-                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-        kernel = "nbits" if options.kernel == "auto" else options.kernel  # auto: until the target's is timed
-        for role, entry in sorted(manifest.models.items(), key=lambda item: item[0] != "target"):
-            bits, gguf = options.bits_for(role), options.gguf_for(role)
-            if bits is None and gguf is None:
-                continue
-            timed = options.kernel == "auto" and role == "target" and bits == 8 and gguf is None
-            if progress and not timed:
-                progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
-                         f"{role}: int8 on the integer kernel" if kernel == "integer" and bits == 8 else
-                         f"{role}: int{bits}, blocks of {options.block_size}"
-                         + (f" (LM head and lookups: {options.head_block_size})"
-                            if options.head_block_size not in (None, options.block_size) else ""))
-            data = tmp / (entry.file + ".data")
-            data.unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
-            if gguf is not None:
-                from .gguf import keep_blocks
 
-                record = keep_blocks(src / entry.file, tmp / entry.file, gguf, options.accuracy_level)
-                bits = record["bits"]
-            else:
-                def write(out: Path, how: str, entry=entry, bits=bits) -> dict:
-                    return quantize_graph(src / entry.file, out, bits, options.block_size, options.accuracy_level,
-                                          lookups=options.embeddings or entry.kind == "eagle3",
-                                          algorithm=options.algorithm, head_block_size=options.head_block_size,
-                                          kernel=how if bits == 8 else "nbits")
 
-                if timed:
-                    from .kernel_choice import decisive_rows, quantize_by_timing
+def _quantize_model(src: Path, tmp: Path, manifest: Manifest, role: str, options: QuantizeOptions, kernel: str,
+                    progress: Callable[[str], None] | None) -> tuple[dict, str, int]:
+    """One model's graph quantized into ``tmp`` (a GGUF's blocks kept, or int4/int8 on ``kernel``; an int8 target
+    under ``--kernel auto`` on whichever kernel times faster): its quantization record, the kernel now chosen and
+    its bits (a GGUF's own)."""
+    entry = manifest.models[role]
+    bits, gguf = options.bits_for(role), options.gguf_for(role)
+    timed = options.kernel == "auto" and role == "target" and bits == 8 and gguf is None
+    if progress and not timed:
+        progress(f"{role}: keeping the blocks of {gguf.name}" if gguf else
+                 f"{role}: int8 on the integer kernel" if kernel == "integer" and bits == 8 else
+                 f"{role}: int{bits}, blocks of {options.block_size}"
+                 + (f" (LM head and lookups: {options.head_block_size})"
+                    if options.head_block_size not in (None, options.block_size) else ""))
+    (tmp / (entry.file + ".data")).unlink(missing_ok=True)  # rewritten (or no longer needed) by the quantized graph
+    if gguf is not None:
+        from .gguf import keep_blocks
 
-                    record = quantize_by_timing(entry, tmp, decisive_rows(manifest), write, progress)
-                    kernel = record["kernel"]
-                else:
-                    record = write(tmp / entry.file, kernel)
-            if entry.kind == "eagle3":
-                # A proposer: the target verifies whatever it drafts, so it has no distribution gate. Its
-                # acceptance on the quantized pair is measured below, once every graph is written.
-                models[role] = replace(entry, quantization=record)
-                continue
-            if progress:
-                progress(f"{role}: checking int{bits} against the float graph")
-            parity = distribution_parity(src, tmp, manifest, role, prompts)
-            record["parity"] = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
-            drifts = parity["mean_kl"] > MAX_MEAN_KL[bits] or parity["top1_agreement"] < MIN_TOP1[bits]
-            if drifts and gguf is not None:
-                raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
-                                  f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
-                                  "conversion fault; export with --quantize int8 meanwhile")
-            if drifts:
-                raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
-                                  f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
-                                  f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
-                                  + ("--algorithm hqq, " if bits == 4 and options.algorithm == "rtn" else "")
-                                  + ("int8 or " if bits == 4 else "") + "a smaller block size"
-                                  + (" or no --quantize-embeddings" if options.embeddings else ""))
-            models[role] = replace(entry, quantization=record)
-        head_role = next((r for r, e in manifest.models.items() if e.kind == "eagle3"), None)
-        # Only a quantized target or head changes what the head drafts (a quantized draft alone does not).
-        if head_role is not None and (models["target"].quantization or models[head_role].quantization):
-            if progress:
-                progress("eagle: the head's acceptance on the float pair and on this one")
-            # Recorded with the head when it was quantized, else with the quantized target.
-            holder = head_role if models[head_role].quantization else "target"
-            before, after = head_acceptance([src, tmp], manifest, prompts)
-            record = {**models[holder].quantization, "eagle_acceptance": {
-                "float": before, "quantized": after,
-                "measure": "greedy first-draft acceptance, teacher-forced on the parity prompts"}}
-            models[holder] = replace(models[holder], quantization=record)
-        for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
-            models[role] = replace(entry, **graph_cost(tmp / entry.file).manifest_fields())
-        quantized = replace(manifest, models=models, engines={})
-        quantized.write(tmp)
-    return quantized
+        record = keep_blocks(src / entry.file, tmp / entry.file, gguf, options.accuracy_level)
+        return record, kernel, record["bits"]
+
+    def write(out: Path, how: str) -> dict:
+        return quantize_graph(src / entry.file, out, bits, options.block_size, options.accuracy_level,
+                              lookups=options.embeddings or entry.kind == "eagle3", algorithm=options.algorithm,
+                              head_block_size=options.head_block_size, kernel=how if bits == 8 else "nbits")
+
+    if not timed:
+        return write(tmp / entry.file, kernel), kernel, bits
+    from .kernel_choice import decisive_rows, quantize_by_timing
+
+    record = quantize_by_timing(entry, tmp, decisive_rows(manifest), write, progress)
+    return record, record["kernel"], bits
+
+
+def _gate(src: Path, tmp: Path, manifest: Manifest, role: str, options: QuantizeOptions, bits: int,
+          prompts: list[str]) -> dict:
+    """The quantized model's distribution against the float one's on ``prompts``: its parity record, or a one-line
+    refusal naming what to try when it drifts past the gate for ``bits``."""
+    parity = distribution_parity(src, tmp, manifest, role, prompts)
+    record = {**parity, "max_mean_kl": MAX_MEAN_KL[bits], "min_top1_agreement": MIN_TOP1[bits]}
+    if parity["mean_kl"] <= MAX_MEAN_KL[bits] and parity["top1_agreement"] >= MIN_TOP1[bits]:
+        return record
+    gguf = options.gguf_for(role)
+    if gguf is not None:
+        raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
+                          f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
+                          "conversion fault; export with --quantize int8 meanwhile")
+    raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
+                      f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
+                      f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
+                      + ("--algorithm hqq, " if bits == 4 and options.algorithm == "rtn" else "")
+                      + ("int8 or " if bits == 4 else "") + "a smaller block size"
+                      + (" or no --quantize-embeddings" if options.embeddings else ""))
+
+
+def _record_head_acceptance(src: Path, tmp: Path, manifest: Manifest, models: dict, prompts: list[str],
+                            say: Callable[[str], None]) -> None:
+    """An EAGLE-3 head's acceptance on the float pair and the quantized one, recorded with the head when it was
+    quantized, else with the target. Only a quantized target or head changes what the head drafts."""
+    head_role = next((r for r, e in manifest.models.items() if e.kind == "eagle3"), None)
+    if head_role is None or not (models["target"].quantization or models[head_role].quantization):
+        return
+    say("eagle: the head's acceptance on the float pair and on this one")
+    holder = head_role if models[head_role].quantization else "target"
+    before, after = head_acceptance([src, tmp], manifest, prompts)
+    record = {**models[holder].quantization, "eagle_acceptance": {
+        "float": before, "quantized": after,
+        "measure": "greedy first-draft acceptance, teacher-forced on the parity prompts"}}
+    models[holder] = replace(models[holder], quantization=record)
 
 
 def describe(manifest: Manifest) -> str:
