@@ -168,32 +168,10 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
         train_batches = [b for r in range(per_prompt) for b in _shuffled(_length_batches(train_prompts, encoded, size),
                                                                         cfg.seed * 1_000_003 + r)]
     batches = [(0.0, b) for b in held_batches] + [(cfg.temperature, b) for b in train_batches]
-    total = sum(len(b) for _, b in batches)
-    gen = torch.Generator().manual_seed(cfg.seed)  # greedy rows draw nothing: held-out first leaves the rest as was
-    train: list[TargetSequence] = []
-    held: list[TargetSequence] = []
-    done, cut = 0, None
-    for k, (temperature, batch) in enumerate(batches):
-        if k > len(held_batches):  # past the first training batch
-            if limits.out_of_time():
-                cut = "time"
-            elif limits.max_rows is not None and done + len(batch) > limits.max_rows:
-                cut = limits.bound_by
-            if cut:
-                progress("generate", done, done, None)
-                break
-        for i, seq in zip(batch, continue_prompts(model, [encoded[i] for i in batch], cfg.seq_len, temperature, end_ids,
-                                           gen, taps)):
-            (held if i in held_groups else train).append(seq)
-        done += len(batch)
-        progress("generate", done, total, None)
+    train, held, cut = _generate(model, batches, len(held_batches), encoded, held_groups, cfg, end_ids, taps, limits,
+                                 progress)
     made = len(train)
-    windows: dict[bool, list[list[int]]] = {False: [], True: []}
-    for i, (kind, text) in enumerate(groups):
-        if kind == "doc":
-            ids = tok(text).input_ids
-            windows[i in held_groups] += [ids[k:k + cfg.seq_len] for k in range(0, len(ids), cfg.seq_len)
-                                          if len(ids) - k >= _MIN_WINDOW]
+    windows = _text_windows(tok, groups, held_groups, cfg.seq_len)
     n_text = len(windows[False]) + len(windows[True])
     train += teacher_forced(model, windows[False], taps, cfg.batch_size, progress, 0, n_text)
     held += teacher_forced(model, windows[True], taps, cfg.batch_size, progress, len(windows[False]), n_text)
@@ -208,6 +186,46 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
             "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt,
             "continuations_asked": len(rows), "continuations_made": made, "generation_cut": cut}
     return train, held, info
+
+
+def _generate(model: Any, batches: list[tuple[float, list[int]]], held_batches: int, encoded: dict[int, list[int]],
+              held_groups: set[int], cfg: EagleTrainConfig, end_ids: list[int], taps: Sequence[int],
+              limits: DataLimits, progress: Progress) -> tuple[list[TargetSequence], list[TargetSequence], str | None]:
+    """The target's continuation of every row of ``batches`` ((temperature, prompt indices), held-out ones first),
+    split into training and held-out sequences; training batches after the first stop where ``limits`` say (the
+    reason returned, else None)."""
+    gen = torch.Generator().manual_seed(cfg.seed)  # greedy rows draw nothing: held-out first leaves the rest as was
+    total = sum(len(b) for _, b in batches)
+    train: list[TargetSequence] = []
+    held: list[TargetSequence] = []
+    done, cut = 0, None
+    for k, (temperature, batch) in enumerate(batches):
+        if k > held_batches:  # past the first training batch
+            if limits.out_of_time():
+                cut = "time"
+            elif limits.max_rows is not None and done + len(batch) > limits.max_rows:
+                cut = limits.bound_by
+            if cut:
+                progress("generate", done, done, None)
+                break
+        replies = continue_prompts(model, [encoded[i] for i in batch], cfg.seq_len, temperature, end_ids, gen, taps)
+        for i, seq in zip(batch, replies):
+            (held if i in held_groups else train).append(seq)
+        done += len(batch)
+        progress("generate", done, total, None)
+    return train, held, cut
+
+
+def _text_windows(tok: Any, groups: list[tuple[str, str]], held_groups: set[int], seq_len: int
+                  ) -> dict[bool, list[list[int]]]:
+    """{held out: the documents' token windows of ``seq_len``} (a last window under _MIN_WINDOW tokens dropped)."""
+    windows: dict[bool, list[list[int]]] = {False: [], True: []}
+    for i, (kind, text) in enumerate(groups):
+        if kind == "doc":
+            ids = tok(text).input_ids
+            windows[i in held_groups] += [ids[k:k + seq_len] for k in range(0, len(ids), seq_len)
+                                          if len(ids) - k >= _MIN_WINDOW]
+    return windows
 
 
 def _shuffled(batches: list[list[int]], seed: int) -> list[list[int]]:
