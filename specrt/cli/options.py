@@ -9,6 +9,8 @@ import click
 
 from ..errors import SpecrtError
 from ..export.pipeline import missing_extra
+from ..runtime.drafters import METHODS as REGISTERED
+from ..runtime.options import AUTO
 from ..runtime.tree import DEFAULT_EAGLE_TREE
 
 
@@ -54,7 +56,7 @@ def parse_gamma(ctx: click.Context, param: click.Parameter, value: str) -> int |
 
 # --- options shared by several commands ------------------------------------------------------------------------
 
-METHODS = ("auto", "eagle", "eagle-tree", "draft", "tree", "medusa", "ngram", "none")
+METHODS = (AUTO, *REGISTERED)  # every registered method (the built-ins in their order), after auto
 BITS = {"int4": 4, "int8": 8}
 
 

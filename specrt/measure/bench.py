@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import theory
 from ..errors import ConfigError
-from ..runtime.drafters import METHODS, proposes_trees
+from ..runtime.drafters import drafter_class, proposes_trees
 from ..runtime.generator import SpeculativeGenerator
 from ..runtime.options import DecodeOptions
 from ..runtime.sampling import SamplingConfig
@@ -116,7 +116,7 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     specs = {m: method_spec(m, cfg.gamma) for m in cfg.methods}  # entry -> (method name, its gamma)
     if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
         gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
-    if any(name == "eagle-tree" for name, _ in specs.values()):
+    if any(drafter_class(name).sizes_tree_by_cost for name, _ in specs.values()):
         gen.tree_verify_costs(cfg.eagle_tree)  # the same, for a tree sized by cost
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     for peer in peers:
@@ -275,9 +275,9 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     ctx = row["mean_context"]
     target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
     # What a draft pass runs: the EAGLE-3 head for eagle methods, the draft model for draft and tree.
-    cls = METHODS.get(method)
-    role, entry = (("eagle", m.eagle) if getattr(cls, "needs_eagle", False) else
-                   ("draft", m.draft) if getattr(cls, "needs_draft_model", False) else (None, None))
+    cls = drafter_class(method)
+    role, entry = (("eagle", m.eagle) if cls.needs_eagle else
+                   ("draft", m.draft) if cls.needs_draft_model else (None, None))
     draft = (roofline.PassBytes(costs[role].weight_bytes, roofline.kv_bytes_per_position(entry.dims, entry.dtype) * ctx)
              if entry is not None else None)
     b = roofline.bytes_per_token(1.0, row["target_passes_per_token"], target,

@@ -1,57 +1,55 @@
-"""Ways to propose draft tokens. Each registers under a ``--method`` name and declares what it needs."""
+"""Ways to propose draft tokens, each registered under a ``--method`` name. A method's class subclasses
+:class:`~specrt.runtime.proposal.Drafter`, whose class attributes declare what it needs; the built-in ones
+are registered from one list (:data:`BUILTIN_METHODS`) through :func:`register_method`, as a plug-in
+registers its own."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Callable, ClassVar
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .cached import CachedModel
 from .dist import Dist
+from .eagle import EagleDrafter, EagleTreeDrafter
 from .masks import tree_mask
-from .proposal import DrafterContext, Proposal
+from .medusa import MedusaDrafter
+from .proposal import Drafter, DrafterContext, Proposal
 from .sampling import SamplingConfig
 from .tree import TokenTree, TreeShape
 
-
-class Drafter(Protocol):
-    needs_draft_model: ClassVar[bool]
-    proposes_trees: ClassVar[bool]
-
-    @classmethod
-    def build(cls, ctx: DrafterContext) -> "Drafter": ...
-
-    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None: ...
-
-    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal: ...
-
-    def rollback(self, valid: int) -> None:
-        """``tokens[:valid]`` are final; forget anything fed beyond them."""
+METHODS: dict[str, type[Drafter]] = {}  # --method name -> its class, in the order --help lists them
 
 
-METHODS: dict[str, type[Drafter]] = {}
+def register_method(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
+    """A class decorator that makes a :class:`Drafter` subclass the method ``name`` (``--method name``,
+    ``DecodeOptions(method=name)``); a later registration under the same name replaces the earlier one."""
 
-
-def proposes_trees(method: str) -> bool:
-    """Whether ``method`` verifies a token tree (its "gamma" is nodes per pass, not a chain's length)."""
-    return method in METHODS and METHODS[method].proposes_trees
-
-
-def register_method(name: str):
-    def deco(cls):
+    def deco(cls: type[Drafter]) -> type[Drafter]:
+        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+            raise TypeError(f"method {name!r}: {cls!r} is not a Drafter subclass")
         METHODS[name] = cls
         return cls
 
     return deco
 
 
-@register_method("draft")
-class ModelDrafter:
+def drafter_class(method: str) -> type[Drafter]:
+    """The class registered as ``method``; for a name that is none (``auto``, a typo), :class:`Drafter`
+    itself, which declares that it needs nothing."""
+    return METHODS.get(method, Drafter)
+
+
+def proposes_trees(method: str) -> bool:
+    """Whether ``method`` verifies a token tree (its "gamma" is nodes per pass, not a chain's length)."""
+    return drafter_class(method).proposes_trees
+
+
+class ModelDrafter(Drafter):
     """A small draft model sampled autoregressively with the same warping as the target."""
 
     needs_draft_model: ClassVar[bool] = True
-    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, model: CachedModel, stop: float = 0.0) -> None:
         self.model, self.stop = model, stop
@@ -83,16 +81,12 @@ class ModelDrafter:
         self.model.cache.truncate(min(self.model.cache.length, valid))
 
 
-@register_method("ngram")
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt lookup: continue the longest recent suffix n-gram that already occurred in the context.
 
     A deterministic proposal is a one-hot q, so exact acceptance still applies: x is kept with
     probability p(x) and a rejection resamples from p without x.
     """
-
-    needs_draft_model: ClassVar[bool] = False
-    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, vocab: int, max_ngram: int = 3) -> None:
         self.vocab, self.max_ngram = vocab, max_ngram
@@ -101,15 +95,9 @@ class NgramDrafter:
     def build(cls, ctx: DrafterContext) -> "NgramDrafter":
         return cls(ctx.vocab)
 
-    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
-        pass
-
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         found = lookup_continuation(np.asarray(tokens), gamma, self.max_ngram)
         return Proposal(found, [Dist.point(t, self.vocab) for t in found])
-
-    def rollback(self, valid: int) -> None:
-        pass
 
 
 def lookup_continuation(tokens: np.ndarray, gamma: int, max_ngram: int) -> list[int]:
@@ -124,12 +112,8 @@ def lookup_continuation(tokens: np.ndarray, gamma: int, max_ngram: int) -> list[
     return []
 
 
-@register_method("none")
-class NoDrafter:
+class NoDrafter(Drafter):
     """Plain autoregressive decoding of the target: the baseline every speedup is measured against."""
-
-    needs_draft_model: ClassVar[bool] = False
-    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
@@ -138,17 +122,10 @@ class NoDrafter:
     def build(cls, ctx: DrafterContext) -> "NoDrafter":
         return cls(ctx.vocab)
 
-    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
-        pass
-
     def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
         return Proposal([], [])
 
-    def rollback(self, valid: int) -> None:
-        pass
 
-
-@register_method("tree")
 class TreeDrafter(ModelDrafter):
     """The draft model grows a token tree level by level, one draft pass per level (the tree mask lets
     a whole level run at once). Greedy: each node's children are the draft's top-w tokens. Sampling:
@@ -197,10 +174,16 @@ class TreeDrafter(ModelDrafter):
         return TokenTree(nodes, parents, child_q, passes)
 
 
-# Registered here so that every method lives in one table; the classes are in medusa.py and eagle.py.
-from .eagle import EagleDrafter, EagleTreeDrafter  # noqa: E402
-from .medusa import MedusaDrafter  # noqa: E402
-
-register_method("medusa")(MedusaDrafter)
-register_method("eagle")(EagleDrafter)
-register_method("eagle-tree")(EagleTreeDrafter)
+# The built-in methods, in the order --help lists them after auto (an EAGLE-3 head's chain and tree, a draft
+# model's, Medusa's heads, prompt lookup, plain decoding), each registered as a plug-in registers its own.
+BUILTIN_METHODS: tuple[tuple[str, type[Drafter]], ...] = (
+    ("eagle", EagleDrafter),
+    ("eagle-tree", EagleTreeDrafter),
+    ("draft", ModelDrafter),
+    ("tree", TreeDrafter),
+    ("medusa", MedusaDrafter),
+    ("ngram", NgramDrafter),
+    ("none", NoDrafter),
+)
+for _name, _cls in BUILTIN_METHODS:
+    register_method(_name)(_cls)

@@ -20,7 +20,7 @@ from .. import theory
 from ..bundle import contract as C
 from .cached import CachedModel
 from .dist import Dist
-from .proposal import DrafterContext, Proposal
+from .proposal import Drafter, DrafterContext, Proposal
 from .rows import LogitRows
 from .sampling import SamplingConfig
 from .tree import (DEFAULT_EAGLE_TREE, DynamicTree, TokenTree, deeper_level_pays, nodes_worth_verifying,
@@ -37,12 +37,10 @@ def to_target(q: Dist, vocab_map: np.ndarray, vocab: int) -> Dist:
     return Dist(vocab_map[q.ids], q.weights, vocab)
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Drafts a chain with the bundle's EAGLE-3 head over the target's taps."""
 
-    needs_draft_model: ClassVar[bool] = False
     needs_eagle: ClassVar[bool] = True
-    proposes_trees: ClassVar[bool] = False
 
     def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,
                  stop: float = 0.0) -> None:
@@ -113,6 +111,7 @@ class EagleTreeDrafter(EagleDrafter):
     as a point-mass proposal and stays exact under sampling; greedy output equals plain decoding."""
 
     proposes_trees: ClassVar[bool] = True
+    sizes_tree_by_cost: ClassVar[bool] = True  # where its shape says so (DynamicTree.by_cost: "4,4,auto")
     COST_WEIGHT = 0.3  # the pass cost's moving average, per step (as --gamma auto's)
 
     def __init__(self, head: CachedModel, target: CachedModel, vocab_map: np.ndarray, vocab: int,

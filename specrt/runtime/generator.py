@@ -252,15 +252,15 @@ class SpeculativeGenerator:
         cls = METHODS[method]
         if cls.needs_draft_model and "draft" not in self._models:
             raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
-        if getattr(cls, "needs_medusa", False) and self._heads is None:
+        if cls.needs_medusa and self._heads is None:
             if self.manifest.medusa is None:
                 raise ConfigError(f"method {method!r} needs Medusa heads and this bundle has none "
                                   "(specrt export ... --medusa HEADS)")
             self._heads = create_heads(self._backend, self.bundle, self.manifest.medusa.file, self._threads)
-        if getattr(cls, "needs_eagle", False):
+        if cls.needs_eagle:
             self._load_eagle(method)
         medusa = self.manifest.medusa
-        tree_costs = self.tree_verify_costs(opts.eagle_tree) if method == "eagle-tree" else None
+        tree_costs = self.tree_verify_costs(opts.eagle_tree) if cls.sizes_tree_by_cost else None
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
                                         tree=opts.tree, heads=self._heads, paths=tuple(medusa.tree) if medusa else (),
                                         acceptance=opts.acceptance, target=self._models["target"],
@@ -367,8 +367,7 @@ class SpeculativeGenerator:
         # What each cache still holds of this context: an EAGLE-3 head's row j read token j+1 too.
         valid = {role: max(0, min(m.cache.length, common - 1 if role == "eagle" else common))
                  for role, m in self._models.items()}
-        used = (["target"] + ["draft"] * drafter.needs_draft_model
-                + ["eagle"] * getattr(drafter, "needs_eagle", False))
+        used = ["target"] + ["draft"] * drafter.needs_draft_model + ["eagle"] * drafter.needs_eagle
         # The prompt's last two tokens are fed again: quantized kernels compute a one-row pass differently
         # from a multi-row one (MatMulNBits int8: logits up to 0.7 apart; multi-row passes agree row for
         # row), so the first token comes out as a prefill of the whole prompt would give it. The models this

@@ -10,6 +10,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from .proposal import Drafter, DrafterContext
 from .sampling import SamplingConfig
 from .tree import MAX_TREE_NODES, TokenTree
 
@@ -54,10 +55,9 @@ def tree_from_paths(paths: list[Path], candidates: np.ndarray, max_depth: int) -
     return TokenTree(tokens, parents)
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Proposes a static tree of the Medusa heads' top candidates from the target's last hidden state."""
 
-    needs_draft_model: ClassVar[bool] = False
     needs_medusa: ClassVar[bool] = True
     proposes_trees: ClassVar[bool] = True
 
@@ -67,7 +67,7 @@ class MedusaDrafter:
         self.heads, self.paths, self.acceptance = heads, [tuple(p) for p in paths], acceptance
 
     @classmethod
-    def build(cls, ctx) -> "MedusaDrafter":
+    def build(cls, ctx: DrafterContext) -> "MedusaDrafter":
         return cls(ctx.heads, ctx.paths, ctx.acceptance)
 
     def check(self, sampling: SamplingConfig) -> None:
@@ -84,6 +84,3 @@ class MedusaDrafter:
             return TokenTree([], [])
         ids, _ = self.heads(hidden.reshape(1, 1, -1))  # [1, 1, heads, topk]
         return tree_from_paths(self.paths, ids[0, 0], max_depth)
-
-    def rollback(self, valid: int) -> None:
-        pass

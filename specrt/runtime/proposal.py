@@ -1,14 +1,18 @@
-"""What a drafter is built from and what it proposes: the two values every method shares."""
+"""What every method shares: what a drafter is built from (:class:`DrafterContext`), what it proposes
+(:class:`Proposal`, a chain; trees are :class:`~specrt.runtime.tree.TokenTree`) and the interface it
+implements (:class:`Drafter`, which also declares what the method needs)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from .cached import CachedModel
 from .dist import Dist
-from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
+from .sampling import SamplingConfig
+from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TokenTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,51 @@ class Proposal:
     # verification reads q(x), and q's row only to build a residual after a rejection.
     dists: list[Dist]
     passes: int = 0  # draft-model forward passes spent on it
+
+
+class Drafter:
+    """A way to propose draft tokens, registered under a ``--method`` name
+    (:func:`~specrt.runtime.drafters.register_method`). Built-in methods and plug-ins alike subclass it: its
+    class attributes declare what the method needs, with the defaults of a method that needs nothing, and
+    the generator and ``specrt bench`` read them instead of the method's name."""
+
+    needs_draft_model: ClassVar[bool] = False
+    """Drafts with the bundle's draft model (:attr:`DrafterContext.model`), which the bundle must hold."""
+
+    needs_eagle: ClassVar[bool] = False
+    """Drafts with the bundle's EAGLE-3 head (:attr:`DrafterContext.eagle`, ``vocab_map``; the target's taps):
+    loaded on first use, and its cache kept in step with the target's."""
+
+    needs_medusa: ClassVar[bool] = False
+    """Drafts with the bundle's Medusa heads and static tree (:attr:`DrafterContext.heads`, ``paths``), loaded
+    on first use."""
+
+    proposes_trees: ClassVar[bool] = False
+    """Proposes a token tree (:meth:`propose_tree`, its ``gamma`` being nodes per pass) rather than a chain
+    (:meth:`propose`)."""
+
+    sizes_tree_by_cost: ClassVar[bool] = False
+    """Sizes its dynamic tree (:attr:`DrafterContext.eagle_tree`) by what this backend's verify passes cost per
+    row (:attr:`DrafterContext.verify_costs`), where that shape asks for it (nodes ``auto``): the costs are
+    then measured before the generation (and before ``specrt bench`` times any), not inside a timed step."""
+
+    @classmethod
+    def build(cls, ctx: DrafterContext) -> "Drafter":
+        """The drafter, from what the bundle and the decoding options offer."""
+        raise NotImplementedError
+
+    def prefill(self, tokens: list[int], sampling: SamplingConfig) -> None:
+        """Take in the prompt ``tokens`` before the first proposal (nothing to do by default)."""
+
+    def propose(self, tokens: list[int], gamma: int, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
+        """At most ``gamma`` tokens to follow ``tokens``, each with the q it was drawn from (a chain)."""
+        raise NotImplementedError
+
+    def propose_tree(self, tokens: list[int], max_depth: int, sampling: SamplingConfig, rng: np.random.Generator,
+                     hidden: np.ndarray | None = None) -> TokenTree:
+        """A token tree at most ``max_depth`` deep below ``tokens[-1]`` (where :attr:`proposes_trees`);
+        ``hidden``: the target's final hidden state there ([hidden_size], Medusa's heads read it)."""
+        raise NotImplementedError
+
+    def rollback(self, valid: int) -> None:
+        """``tokens[:valid]`` are final; forget anything fed beyond them (nothing to do by default)."""

@@ -11,7 +11,15 @@ from click.testing import CliRunner
 import specrt
 from specrt import DecodeOptions
 from specrt.errors import ConfigError
-from specrt.runtime.drafters import METHODS, DrafterContext
+from specrt.runtime.drafters import (
+    BUILTIN_METHODS,
+    METHODS,
+    Drafter,
+    DrafterContext,
+    NoDrafter,
+    drafter_class,
+    register_method,
+)
 from specrt.runtime.tree import TreeShape
 
 
@@ -69,6 +77,34 @@ def test_every_method_is_built_from_the_context_alone():
     assert METHODS["ngram"].build(ctx).vocab == 10
     with pytest.raises(TypeError):
         METHODS["ngram"](vocab=10, tree=TreeShape())  # no **_ bag swallowing a keyword
+
+
+def test_methods_register_from_one_list_and_declare_what_they_need():
+    """The built-ins go through register_method from BUILTIN_METHODS, as a plug-in would; --method offers the
+    registry's names after auto; what a method needs is read off its class, whose defaults need nothing."""
+    from specrt.cli.options import METHODS as CHOICES
+
+    assert list(METHODS)[:len(BUILTIN_METHODS)] == [name for name, _ in BUILTIN_METHODS]
+    assert CHOICES == ("auto", *METHODS)
+    assert CHOICES[:8] == ("auto", "eagle", "eagle-tree", "draft", "tree", "medusa", "ngram", "none")
+    assert [n for n, c in METHODS.items() if c.needs_eagle] == ["eagle", "eagle-tree"]
+    assert [n for n, c in METHODS.items() if c.needs_draft_model] == ["draft", "tree"]
+    assert [n for n, c in METHODS.items() if c.needs_medusa] == ["medusa"]
+    assert [n for n, c in METHODS.items() if c.proposes_trees] == ["eagle-tree", "tree", "medusa"]
+    assert [n for n, c in METHODS.items() if c.sizes_tree_by_cost] == ["eagle-tree"]
+    assert drafter_class("auto") is Drafter and not drafter_class("auto").proposes_trees
+
+    @register_method("echo")
+    class Echo(NoDrafter):
+        """A plug-in: needs nothing but what it overrides."""
+
+    try:
+        assert METHODS["echo"] is Echo and not Echo.needs_eagle and not Echo.sizes_tree_by_cost
+        with pytest.raises(TypeError, match="not a Drafter subclass"):
+            register_method("bare")(object)
+        assert "bare" not in METHODS
+    finally:
+        del METHODS["echo"]
 
 
 def test_auto_picks_the_draft_where_the_bundle_has_one(generator):
