@@ -21,13 +21,13 @@ from .stats import StatsRecorder, StepRecord
 
 @dataclass
 class DecodeState:
-    tokens: list[int]  # the context: prompt + tokens generated so far
+    tokens: list[int]  # [context] the prompt + tokens generated so far
     target: CachedModel
     drafter: Drafter
     sampling: SamplingConfig
     rng: np.random.Generator
     stats: StatsRecorder
-    hidden: np.ndarray | None = None  # target's final hidden state at the last accepted token (Medusa)
+    hidden: np.ndarray | None = None  # [hidden_size] target's final hidden state, last accepted token (Medusa)
     min_rows: int = 1  # 2: DecodeOptions.row_stable
 
 

@@ -23,20 +23,24 @@ class DrafterContext:
     model: CachedModel | None = None  # the draft model, where the bundle has one
     tree: TreeShape = TreeShape()
     heads: object | None = None  # Medusa heads, loaded where the method needs them
-    paths: tuple = ()  # the bundle's static Medusa tree
+    paths: tuple = ()  # [nodes] the bundle's static Medusa tree: each node's head ranks from the root, level order
     acceptance: str = "exact"
     target: CachedModel | None = None  # the target, whose taps an EAGLE-3 head reads
     eagle: CachedModel | None = None  # the EAGLE-3 head, loaded where the method needs it
-    vocab_map: np.ndarray | None = None  # the head's draft ids -> target ids
+    vocab_map: np.ndarray | None = None  # [draft_vocab] int64: the head's draft ids -> target ids, ascending
     eagle_tree: DynamicTree = DEFAULT_EAGLE_TREE  # the shape of the EAGLE-2 tree (method eagle-tree)
     draft_stop: float = 0.0  # a chain ends where the drafter's softmax gives its next token less
-    verify_costs: tuple[float, ...] | None = None  # v(r) on this backend, where a dynamic tree is sized by cost
+    # [rows]: v(r) = verify_costs[r - 1], an r-row target pass against one row on this backend, where a dynamic
+    # tree is sized by cost (theory.verify_cost_at reads it; None: every row free)
+    verify_costs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Proposal:
-    tokens: list[int]
-    # The q each token was drawn from (a point for deterministic drafters), held on its support:
+    """A drafted chain: ``k`` ≤ gamma tokens to follow the context, tokens[i] drawn from dists[i]."""
+
+    tokens: list[int]  # [k] the drafted ids, in order
+    # [k] the q each token was drawn from (a point for deterministic drafters), held on its support:
     # verification reads q(x), and q's row only to build a residual after a rejection.
     dists: list[Dist]
     passes: int = 0  # draft-model forward passes spent on it

@@ -151,14 +151,17 @@ def select_nodes(parents: Sequence[int], scores: Sequence[float], n: int) -> lis
 
 @dataclass(frozen=True)
 class TokenTree:
-    tokens: list[int]
-    parents: list[int]
-    # parent index (-1 = root) -> the distribution its children were drawn from (sampling only)
+    """``nodes`` drafted tokens below the root (the context's last token), in level order."""
+
+    tokens: list[int]  # [nodes] each node's token id
+    parents: list[int]  # [nodes] each node's parent: a node index below its own, or -1 (the root)
+    # {parent: q} for each parent in [-1, nodes) that has children: the distribution they were drawn from
+    # (sampling only)
     child_q: dict[int, Dist] = field(default_factory=dict)
     passes: int = 0  # draft-model forward passes spent building it
     # Children chosen deterministically (a dynamic tree's top-k): each is a point-mass proposal, so no child_q
     points: bool = False
-    # A dynamic tree's ranking: each node's whole-path log-probability under its drafter (empty otherwise)
+    # [nodes] a dynamic tree's ranking: each node's whole-path log-probability under its drafter ([] otherwise)
     scores: list[float] = field(default_factory=list)
 
     def children(self) -> dict[int, list[int]]:
