@@ -102,29 +102,19 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
       specrt bench --bundle smollm2 --chat --prompts benchmarks/prompts/chat-heldout.json --methods none,eagle
       specrt bench --bundle smollm2 --backend torch --methods none,eagle-tree   # PyTorch, CUDA graphs on a GPU
     """
-    from rich.console import Console
-
     from .. import load
-    from ..bundle.machine import kernel_choice_note
     from ..data import prompts as builtin_prompts
     from ..measure.bandwidth import Bandwidth
-    from ..measure.bench import (
-        BenchConfig,
-        default_methods,
-        make_peers,
-        read_prompts,
-        run_bench,
-    )
+    from ..measure.bench import BenchConfig, bench_notes, default_methods, read_prompts
     from ..measure.peers import parse_kinds
-    from ..measure.probes import energy_meter, roofline_bandwidth
     from ..measure.report import print_bench
     from ..runtime.tree import DynamicTree, TreeShape
 
     kinds = parse_kinds(compare)
     options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, draft_stop=draft_stop,
-                   row_stable=row_stable,
-                   temperature=temperature, top_k=top_k,
-                   top_p=top_p, tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree), greedy_baseline=greedy_baseline, chat=chat)
+                   row_stable=row_stable, temperature=temperature, top_k=top_k, top_p=top_p,
+                   tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree),
+                   greedy_baseline=greedy_baseline, chat=chat)
     if methods is not None:  # checked before loading; the default needs the bundle
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
@@ -132,24 +122,36 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     gen = load(bundle, backend=backend, threads=threads, low_memory=low_memory, shared_threads=thread_pool == "shared")
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
-    notes: list[str] = [f"memory: {n}" for n in gen.memory_notes]
-    moved = kernel_choice_note(gen.manifest.target.quantization)
-    notes += [moved] if moved else []
-    with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
-        peers = make_peers(gen, kinds, hf_target, hf_draft, threads, peer_precision, peer_cache,
-                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"),
-                           peer_gguf=peer_gguf)
-        provider = gen.decoders["target"].provider
-        bw = given or (roofline_bandwidth(provider, notes, status.update) if roofline else None)
-        meter = energy_meter(notes) if energy else None
-        result = run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
-                           peers=peers, bandwidth=bw, energy=meter)
+    notes = bench_notes(gen)
+    peer_options = dict(hf_target=hf_target, hf_draft=hf_draft, threads=threads, peer_precision=peer_precision,
+                        peer_cache=peer_cache, peer_gguf=peer_gguf)
+    result = _bench_with_status(gen, prompts, cfg, notes, kinds, peer_options, roofline, given, energy)
     result["notes"] = notes
     print_bench(result)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(result, f, indent=2)
         click.echo(f"wrote {json_out}")
+
+
+def _bench_with_status(gen, prompts: list[str], cfg, notes: list[str], kinds: tuple[str, ...], peer_options: dict,
+                       roofline: bool, given, energy: bool) -> dict:
+    """``specrt bench``'s measuring, under a status line on stderr: the peers (built first where they need it),
+    the bandwidth (given, or probed with --roofline), the energy meter (--energy), then the run. Why a probe
+    or a meter could not run goes into ``notes``."""
+    from rich.console import Console
+
+    from ..measure.bench import make_peers, run_bench
+    from ..measure.probes import energy_meter, roofline_bandwidth
+
+    with Console(stderr=True).status("loading peers…" if kinds else "benchmarking…") as status:
+        peers = make_peers(gen, kinds, **peer_options,
+                           on_progress=lambda msg: status.update(f"building ONNX Runtime GenAI model: {msg}"))
+        provider = gen.decoders["target"].provider
+        bw = given or (roofline_bandwidth(provider, notes, status.update) if roofline else None)
+        meter = energy_meter(notes) if energy else None
+        return run_bench(gen, prompts, cfg, on_progress=lambda msg: status.update(f"benchmarking: {msg}"),
+                         peers=peers, bandwidth=bw, energy=meter)
 
 
 @main.command()

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import theory
+from ..bundle.machine import kernel_choice_note
 from ..errors import ConfigError
 from ..runtime.drafters import drafter_class, proposes_trees
 from ..runtime.generator import SpeculativeGenerator
@@ -34,6 +35,14 @@ def default_methods(gen: SpeculativeGenerator) -> tuple[str, ...]:
     EAGLE-3 head; its draft model's chain and tree; prompt lookup, which needs no model)."""
     return (("none",) + (("eagle", "eagle-tree") if gen.manifest.eagle is not None else ())
             + (("draft", "tree") if gen.manifest.draft is not None else ()) + ("ngram",))
+
+
+def bench_notes(gen: SpeculativeGenerator) -> list[str]:
+    """What the report notes about the loaded bundle: each model whose session is the low-memory one, and why;
+    a target whose int8 format was chosen by timing on another CPU."""
+    notes = [f"memory: {n}" for n in gen.memory_notes]
+    moved = kernel_choice_note(gen.manifest.target.quantization)
+    return notes + ([moved] if moved else [])
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -112,92 +121,19 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
     also the bandwidth achieved, its share of the roofline and the roofline's tokens/s; with ``energy``
     (an :class:`specrt.measure.energy.EnergyMeter`) joules per token, measured around each method's prompts."""
     prompt_ids = [encode(gen, p, cfg.chat) for p in prompts]
-    gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
     specs = {m: method_spec(m, cfg.gamma) for m in cfg.methods}  # entry -> (method name, its gamma)
-    if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
-        gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
-    if any(drafter_class(name).sizes_tree_by_cost for name, _ in specs.values()):
-        gen.tree_verify_costs(cfg.eagle_tree)  # the same, for a tree sized by cost
-    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
-    for peer in peers:
-        peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
-    runs: dict[str, list[dict]] = {m: [] for m in cfg.methods}
-    peer_runs: dict[str, list[PeerRun]] = {p.name: [] for p in peers}
-    outputs: dict[str, list[list[int]]] = {}
-    baseline = cfg.greedy_baseline and not sampling.greedy
-    greedy_runs: list[dict] = []
+    _warm_up(gen, prompt_ids, cfg, specs, peers)
+    runs = _Runs.of(cfg, peers)
     for r in range(cfg.repeats):
-        # Each repeat starts one method later: on a machine whose speed drifts within a repeat, no method
-        # always runs in the same slot (right after the slowest one, say).
-        shift = r % len(cfg.methods)
-        for method in cfg.methods[shift:] + cfg.methods[:shift]:
-            beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
-            if beside and r % 2 == 0:
-                greedy_runs.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
-            if on_progress:
-                on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
-            if energy is not None:
-                energy.begin()
-            options = cfg.options(method, r)
-            stats = [gen.stream_ids(ids, options).result for ids in prompt_ids]
-            outputs.setdefault(method, [s.token_ids for s in stats])
-            joules = sum(energy.end().values()) if energy is not None else None
-            runs[method].append(_aggregate([s.stats for s in stats], joules))
-            if beside and r % 2 == 1:
-                greedy_runs.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
-        for peer in peers:
-            if on_progress:
-                on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
-            peer_runs[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
+        _run_repeat(gen, prompt_ids, cfg, r, runs, peers, on_progress, energy)
     costs = model_costs(gen)
-    result = {"config": {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
-                         "gamma": cfg.gamma, "draft_stop": cfg.draft_stop, "row_stable": cfg.row_stable,
-                         "tree": list(cfg.tree.widths),
-                         "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
-                         "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": len(prompts), "chat": cfg.chat,
-                         "vocab": gen.manifest.target.dims.vocab_size,
-                         "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
-                         "model_costs": {role: {"weight_bytes": c.weight_bytes,
-                                                "matmul_flops_per_token": c.matmul_flops_per_token, "source": c.source}
-                                         for role, c in costs.items()},
-                         **({"energy_sources": energy.names} if energy is not None else {})},
-              "methods": {}}
-    base = statistics.median(x["tokens_per_second"] for x in runs["none"])
-    decode_ms = statistics.median(x["target_pass_ms"] for x in runs["none"])
-    for method, reps in runs.items():
-        row = {k: statistics.median(x[k] for x in reps if x[k] is not None) if any(x[k] is not None for x in reps)
-               else None for k in reps[0]}
-        row["speedup_vs_none"] = row["tokens_per_second"] / base
-        # The theory counts cost in plain decode steps: c = draft pass / plain target pass. Verifying
-        # γ+1 tokens costs more than one plain pass on a CPU; verify_cost shows by how much.
-        row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
-        row["verify_cost"] = row["target_pass_ms"] / decode_ms
-        gamma = round(row["mean_gamma"])
-        name = specs[method][0]
-        if row["alpha"] is not None and gamma and not proposes_trees(name):
-            row["predicted_speedup"] = theory.speedup(min(row["alpha"], 1.0), gamma, row["c"])
-            row["predicted_with_verify_cost"] = (theory.expected_tokens(min(row["alpha"], 1.0), gamma)
-                                                 / (gamma * row["c"] + row["verify_cost"]))
-            row["achieved_over_predicted"] = row["speedup_vs_none"] / row["predicted_speedup"]
-        else:
-            row["predicted_speedup"] = None
-        if cfg.temperature == 0:
-            row["greedy_matches_none"] = outputs[method] == outputs["none"]
-        if greedy_runs:  # each repeat's own ratio: its runs were neighbours in time
-            row["vs_greedy_none"] = statistics.median(x["tokens_per_second"] / g["tokens_per_second"]
-                                                      for x, g in zip(reps, greedy_runs))
-        row.update(_traffic(row, name, costs, gen, bandwidth))
-        result["methods"][method] = row
-    if greedy_runs:
-        result["greedy_baseline"] = {k: statistics.median(g[k] for g in greedy_runs)
+    result = {"config": _config(gen, cfg, len(prompts), costs, energy),
+              "methods": _method_rows(gen, cfg, specs, runs, costs, bandwidth)}
+    if runs.greedy:
+        result["greedy_baseline"] = {k: statistics.median(g[k] for g in runs.greedy)
                                      for k in ("tokens_per_second", "host_ms_per_token", "target_pass_ms")}
     if bandwidth is not None:
-        plain = result["methods"]["none"]
-        result["roofline"] = {"device": bandwidth.device, "read_gbps": bandwidth.read_gbps,
-                              "copy_gbps": bandwidth.copy_gbps, "array_bytes": bandwidth.array_bytes,
-                              "plain_bytes_per_token": plain["bytes_per_token"],
-                              "plain_roofline_tokens_per_second": plain["roofline_tokens_per_second"],
-                              "plain_tokens_per_second": plain["tokens_per_second"]}
+        result["roofline"] = _roofline(result["methods"]["none"], bandwidth)
     if peers:
         result["config"]["peers"] = {
             "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
@@ -206,9 +142,131 @@ def run_bench(gen: SpeculativeGenerator, prompts: list[str], cfg: BenchConfig,
             "counting": COUNTING}
         # With --chat the peer's tokenizer is asked for the text specrt's template rendered, not the bare message.
         texts = [gen.render_chat([{"role": "user", "content": p}]) for p in prompts] if cfg.chat else prompts
-        result["peers"] = {p.name: _peer_row(p, peer_runs[p.name], texts, prompt_ids, result["methods"],
-                                             outputs["none"] if cfg.temperature == 0 else None) for p in peers}
+        result["peers"] = {p.name: _peer_row(p, runs.peers[p.name], texts, prompt_ids, result["methods"],
+                                             runs.outputs["none"] if cfg.temperature == 0 else None) for p in peers}
     return result
+
+
+@dataclass
+class _Runs:
+    """What the repeats measured: per method entry its aggregate of each repeat, per peer its runs, each
+    method's tokens in the first repeat, and the greedy baseline's aggregates (sampled runs)."""
+
+    methods: dict[str, list[dict]]
+    peers: dict[str, list[PeerRun]]
+    outputs: dict[str, list[list[int]]]
+    greedy: list[dict]
+
+    @classmethod
+    def of(cls, cfg: BenchConfig, peers: Sequence[Peer]) -> "_Runs":
+        return cls({m: [] for m in cfg.methods}, {p.name: [] for p in peers}, {}, [])
+
+
+def _warm_up(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig,
+             specs: dict[str, tuple[str, int | str]], peers: Sequence[Peer]) -> None:
+    """First-call allocations, and the verify costs a method reads, before anything is timed."""
+    gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
+    if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
+        gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
+    if any(drafter_class(name).sizes_tree_by_cost for name, _ in specs.values()):
+        gen.tree_verify_costs(cfg.eagle_tree)  # the same, for a tree sized by cost
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    for peer in peers:
+        peer.generate(prompt_ids[:1], 8, sampling, cfg.seed)  # warm-up
+
+
+def _run_repeat(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig, r: int, runs: _Runs,
+                peers: Sequence[Peer], on_progress: Callable[[str], None] | None, energy) -> None:
+    """Repeat ``r``: every method over every prompt, then every peer. It starts one method later than the
+    repeat before: on a machine whose speed drifts within a repeat, no method always runs in the same slot
+    (right after the slowest one, say)."""
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    baseline = cfg.greedy_baseline and not sampling.greedy
+    shift = r % len(cfg.methods)
+    for method in cfg.methods[shift:] + cfg.methods[:shift]:
+        beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
+        if beside and r % 2 == 0:
+            runs.greedy.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
+        if on_progress:
+            on_progress(f"repeat {r + 1}/{cfg.repeats} · {method}")
+        if energy is not None:
+            energy.begin()
+        options = cfg.options(method, r)
+        stats = [gen.stream_ids(ids, options).result for ids in prompt_ids]
+        runs.outputs.setdefault(method, [s.token_ids for s in stats])
+        joules = sum(energy.end().values()) if energy is not None else None
+        runs.methods[method].append(_aggregate([s.stats for s in stats], joules))
+        if beside and r % 2 == 1:
+            runs.greedy.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
+    for peer in peers:
+        if on_progress:
+            on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
+        runs.peers[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
+
+
+def _config(gen: SpeculativeGenerator, cfg: BenchConfig, prompts: int, costs: dict[str, roofline.ModelCost],
+            energy) -> dict:
+    """The run's settings, the bundle and backend it measured, and each graph's cost."""
+    return {"methods": list(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
+            "gamma": cfg.gamma, "draft_stop": cfg.draft_stop, "row_stable": cfg.row_stable,
+            "tree": list(cfg.tree.widths),
+            "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
+            "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": prompts, "chat": cfg.chat,
+            "vocab": gen.manifest.target.dims.vocab_size,
+            "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
+            "model_costs": {role: {"weight_bytes": c.weight_bytes,
+                                   "matmul_flops_per_token": c.matmul_flops_per_token, "source": c.source}
+                            for role, c in costs.items()},
+            **({"energy_sources": energy.names} if energy is not None else {})}
+
+
+def _method_rows(gen: SpeculativeGenerator, cfg: BenchConfig, specs: dict[str, tuple[str, int | str]], runs: _Runs,
+                 costs: dict[str, roofline.ModelCost], bandwidth: Bandwidth | None) -> dict[str, dict]:
+    """Each method entry's medians over repeats, its ratios to none, what the theory predicts for its measured
+    α and c, and its traffic."""
+    base = statistics.median(x["tokens_per_second"] for x in runs.methods["none"])
+    decode_ms = statistics.median(x["target_pass_ms"] for x in runs.methods["none"])
+    rows = {}
+    for method, reps in runs.methods.items():
+        row = {k: statistics.median(x[k] for x in reps if x[k] is not None) if any(x[k] is not None for x in reps)
+               else None for k in reps[0]}
+        row["speedup_vs_none"] = row["tokens_per_second"] / base
+        # The theory counts cost in plain decode steps: c = draft pass / plain target pass. Verifying
+        # γ+1 tokens costs more than one plain pass on a CPU; verify_cost shows by how much.
+        row["c"] = row["draft_pass_ms"] / decode_ms if row["draft_pass_ms"] else 0.0
+        row["verify_cost"] = row["target_pass_ms"] / decode_ms
+        name = specs[method][0]
+        row.update(_predicted(row, name))
+        if cfg.temperature == 0:
+            row["greedy_matches_none"] = runs.outputs[method] == runs.outputs["none"]
+        if runs.greedy:  # each repeat's own ratio: its runs were neighbours in time
+            row["vs_greedy_none"] = statistics.median(x["tokens_per_second"] / g["tokens_per_second"]
+                                                      for x, g in zip(reps, runs.greedy))
+        row.update(_traffic(row, name, costs, gen, bandwidth))
+        rows[method] = row
+    return rows
+
+
+def _predicted(row: dict, method: str) -> dict:
+    """A chain's speedup as the theory predicts it at the measured α, γ and c (and with the measured verify
+    cost), and the achieved speedup over it; None for trees and plain decoding."""
+    gamma = round(row["mean_gamma"])
+    if row["alpha"] is None or not gamma or proposes_trees(method):
+        return {"predicted_speedup": None}
+    alpha = min(row["alpha"], 1.0)
+    predicted = theory.speedup(alpha, gamma, row["c"])
+    with_verify_cost = theory.expected_tokens(alpha, gamma) / (gamma * row["c"] + row["verify_cost"])
+    return {"predicted_speedup": predicted, "predicted_with_verify_cost": with_verify_cost,
+            "achieved_over_predicted": row["speedup_vs_none"] / predicted}
+
+
+def _roofline(plain: dict, bandwidth: Bandwidth) -> dict:
+    """The bandwidth the roofline was drawn at and plain decoding against it."""
+    return {"device": bandwidth.device, "read_gbps": bandwidth.read_gbps,
+            "copy_gbps": bandwidth.copy_gbps, "array_bytes": bandwidth.array_bytes,
+            "plain_bytes_per_token": plain["bytes_per_token"],
+            "plain_roofline_tokens_per_second": plain["roofline_tokens_per_second"],
+            "plain_tokens_per_second": plain["tokens_per_second"]}
 
 
 def encode(gen: SpeculativeGenerator, prompt: str, chat: bool) -> list[int]:
