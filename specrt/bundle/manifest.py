@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import BundleError
 from . import safety
+from .external_data import check_external_data
 from .contract import DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
 
 
@@ -243,6 +244,8 @@ def load_manifest(folder: str | Path) -> Manifest:
         # an engine may be gone (a bundle copied without engines/): the TensorRT backend says to rebuild
         if not safety.inside(folder, rel, what).is_file() and not what.endswith("engine"):
             raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
+        if what.endswith("graph") or what == "Medusa heads":  # before any session or parser opens it
+            check_external_data(folder / rel, folder)
     safety.checked_size(folder / manifest.tokenizer.file, safety.MAX_TOKENIZER_BYTES, "tokenizer")
     if manifest.tokenizer.chat_template:
         safety.checked_size(folder / manifest.tokenizer.chat_template, safety.MAX_TEMPLATE_BYTES, "chat template")

@@ -1,8 +1,9 @@
 """Bundles are downloaded and shared, so loading one must not read outside it or exhaust the machine.
 
 Every file a manifest names resolves inside the bundle folder (no absolute paths, no ``..``, no symlink
-leading out); no symlink in the folder leads out either (ONNX external data is named inside the graphs,
-which ONNX Runtime also confines to the graph's folder); files are size-checked before they are read;
+leading out); no symlink in the folder leads out either, at any depth; ONNX external data named inside the
+graphs is checked the same way before any session opens them (:mod:`.external_data`: ONNX Runtime confines it
+only from ~1.24 on); files are size-checked before they are read;
 declared sizes (dims, context) are bounded before anything is allocated from them. Every refusal is a
 one-line :class:`~specrt.errors.BundleError`. TensorRT engines can carry plugin code: the backend loads
 only those ``specrt build`` made on this machine (:mod:`specrt.runtime.backends.tensorrt`).
@@ -22,6 +23,7 @@ MAX_TEMPLATE_BYTES = 1 << 20
 MAX_DIM = {"num_layers": 1024, "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 4096, "hidden_size": 1 << 17,
            "vocab_size": 1 << 22}
 MAX_CONTEXT = 1 << 21
+MAX_BUNDLE_ENTRIES = 10_000  # files and folders scanned for links leading out
 
 
 def inside(folder: Path, name: object, what: str) -> Path:
@@ -41,23 +43,28 @@ def inside(folder: Path, name: object, what: str) -> Path:
     return path
 
 
-def no_links_out(folder: Path, depth: int = 2) -> None:
-    """Refuse a symlink anywhere in ``folder`` (``depth`` levels: the bundle and its engines/) that leads out."""
+def no_links_out(folder: Path, max_entries: int = MAX_BUNDLE_ENTRIES) -> None:
+    """Refuse a symlink anywhere in ``folder``, at any depth, that leads out; and a folder of more than
+    ``max_entries`` files and folders (a bundle holds a dozen), so the scan itself stays bounded."""
     root = folder.resolve()
-    stack = [(folder, 0)]
+    stack, seen = [folder], 0
     while stack:
-        current, level = stack.pop()
+        current = stack.pop()
         try:
             entries = list(os.scandir(current))
         except OSError as e:
             raise BundleError(f"cannot list {current}: {e.strerror}") from None
+        seen += len(entries)
+        if seen > max_entries:
+            raise BundleError(f"bundle {folder} holds more than {max_entries} files and folders; a bundle is a "
+                              "manifest, its graphs, tokenizer and engines")
         for entry in entries:
             path = Path(entry.path)
             if entry.is_symlink() and not path.resolve().is_relative_to(root):
                 raise BundleError(f"{path.relative_to(folder)} in bundle {folder} is a symlink leading outside it "
                                   f"(to {path.resolve()})")
-            if level + 1 < depth and entry.is_dir(follow_symlinks=False):
-                stack.append((path, level + 1))
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(path)
 
 
 def checked_size(path: Path, limit: int, what: str) -> int:

@@ -91,8 +91,8 @@ HOSTILE = {
         "re-export with a smaller --max-context"),
     "huge manifest": (_huge_manifest, "refused as corrupt or hostile"),
     "dims of the wrong type": (_dims(num_layers="8"), "is corrupt"),
-    "truncated graph": (_truncated, "Protobuf parsing failed"),
-    "external data outside": (_external_data_out, "escapes model directory"),
+    "truncated graph": (_truncated, "target.onnx is not an ONNX model"),
+    "external data outside": (_external_data_out, "keeps its data at '../weights.bin', outside the bundle"),
     "a dtype the graph does not have": (lambda b: _manifest(b, lambda m: m["models"]["target"].__setitem__(
         "dtype", "float16")), "does not match its manifest entry"),
     "not JSON": (lambda b: (b / "specrt.json").write_text("{" * 100000), "not valid JSON"),
