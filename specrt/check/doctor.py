@@ -163,6 +163,23 @@ def _gpus_from_nvidia_smi() -> list[dict]:
     return gpus
 
 
+CONFINING_ORT = (1, 24)  # the first ONNX Runtime that keeps a graph's external data inside the graph's folder
+
+
+def old_runtime(version: str | None) -> str | None:
+    """A note when the installed ONNX Runtime reads external data from any path a graph names (before ~1.24)."""
+    try:
+        major_minor = tuple(int(part) for part in (version or "").split(".")[:2])
+    except ValueError:
+        return None
+    if len(major_minor) < 2 or major_minor >= CONFINING_ORT:
+        return None
+    return (f"onnxruntime {version} reads a graph's external data from any path the graph names (absolute, ../): "
+            "specrt checks every bundle it loads itself, but other tools opening a shared bundle's graphs do not. "
+            f"Fix: pip install 'onnxruntime>={CONFINING_ORT[0]}.{CONFINING_ORT[1]}' (on a Jetson, the newest "
+            "onnxruntime-gpu wheel for your JetPack)")
+
+
 def diagnose() -> Report:
     from ..runtime.backends import available_backends
 
@@ -195,6 +212,7 @@ def diagnose() -> Report:
         report.notes.append("onnxruntime-gpu lists CUDA but no GPU is visible: sessions will fall back to CPU")
     report.notes += install_conflicts(_distributions(), packages["cuda.bindings"], _driver_cuda(),
                                       packages["tensorrt"], report.jetson)
+    report.notes += [note for note in [old_runtime(packages["onnxruntime"])] if note]
     if gpus and not packages["tensorrt"]:
         report.notes.append("a GPU is present but TensorRT is not importable: pip install 'specrt[trt]' on x86-64, "
                             "or use JetPack's TensorRT on Jetson")

@@ -76,3 +76,12 @@ def test_a_driver_older_than_cuda_bindings_is_not_reported_as_no_gpu(monkeypatch
         assert "driver is older" in str(e) and "no NVIDIA GPU" not in str(e)
     else:
         raise AssertionError("require_tensorrt accepted a driver too old for cuda-bindings")
+
+
+def test_an_onnxruntime_that_reads_external_data_anywhere_is_named():
+    from specrt.check.doctor import old_runtime
+
+    note = old_runtime("1.23.2")
+    assert "reads a graph's external data from any path" in note and "onnxruntime>=1.24" in note
+    assert old_runtime("1.17.0") and old_runtime("1.24.0") is None and old_runtime("1.32.0") is None
+    assert old_runtime("2.0.1") is None and old_runtime(None) is None and old_runtime("dev") is None
