@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+# How every error that asks for torch says to install it. The pin alone resolves multi-GB CUDA wheels on an ordinary
+# x86-64 Linux: PyTorch's CPU index gives the CPU build (leave --index-url out on a machine with an NVIDIA GPU).
+INSTALL_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+
 class SpecrtError(Exception):
     """Base class of every error specrt raises on purpose."""
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import SpecrtError
+from ..errors import INSTALL_TORCH, SpecrtError
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from .quant.quantize import QuantizeOptions
 
 # The one install line for everything torch-side (export, medusa train, the Hugging Face peers). torch
-# first: an unpinned torch resolves to a multi-GB CUDA build.
-INSTALL = "pip install torch==2.13.0 && pip install 'specrt[export]'"
+# first, from the CPU index unless the machine has an NVIDIA GPU (errors.INSTALL_TORCH).
+INSTALL = f"{INSTALL_TORCH} && pip install 'specrt[export]'"
 
 
 def missing_extra(what: str, error: ImportError) -> SpecrtError:

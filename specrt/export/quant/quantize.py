@@ -22,7 +22,7 @@ from typing import Callable
 from ...bundle import contract as C
 from ...bundle.files import graph_cost
 from ...bundle.manifest import Manifest, load_manifest
-from ...errors import ConfigError, SpecrtError
+from ...errors import INSTALL_TORCH, ConfigError, SpecrtError
 from .lookups import head_matmuls, quantize_lookups, tied_heads, untie_lm_head
 from .quality import distribution_parity, head_acceptance
 from ..staging import load_graph, save_graph, staged
@@ -114,7 +114,7 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
             import torch  # noqa: F401  (ORT's HQQ fits blocks with torch)
         except ImportError:
             raise SpecrtError("--algorithm hqq needs torch (ONNX Runtime's HQQ quantizer runs on it): "
-                              "pip install torch==2.13.0") from None
+                              f"{INSTALL_TORCH}") from None
 
     model = load_graph(path)
     if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):

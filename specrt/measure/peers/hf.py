@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...bundle.manifest import id_set
-from ...errors import ModelLoadError, SpecrtError
+from ...errors import INSTALL_TORCH, ModelLoadError, SpecrtError
 from ...runtime.sampling import SamplingConfig
 from . import PeerRequest, PeerRun, missing_checkpoint, register_peer, until_end
 
@@ -102,5 +102,5 @@ def _hf(request: PeerRequest) -> list[HfPeer]:
     if missing:
         # The export extra's install line (export.pipeline.INSTALL; measure/ does not import export/).
         raise SpecrtError(f"--compare hf needs torch and transformers ({missing[0]} is missing): "
-                          "pip install torch==2.13.0 && pip install 'specrt[export]'")
+                          f"{INSTALL_TORCH} && pip install 'specrt[export]'")
     return hf_peers(request.target, request.draft, threads=request.threads)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...bundle.manifest import ModelEntry, id_set
-from ...errors import ConfigError, ModelLoadError, SpecrtError
+from ...errors import INSTALL_TORCH, ConfigError, ModelLoadError, SpecrtError
 from ...runtime.sampling import SamplingConfig
 from . import PeerRequest, PeerRun, missing_checkpoint, register_peer, until_end
 
@@ -120,7 +120,7 @@ def build_model(checkpoint: Path, spec: BuildSpec, cache_dir: Path,
     missing = [m for m in ("torch", "transformers", "onnx_ir") if importlib.util.find_spec(m) is None]
     if missing:
         raise SpecrtError(f"ONNX Runtime GenAI's model builder needs torch, transformers and onnx_ir ({missing[0]} is "
-                          f"missing): pip install torch==2.13.0 && pip install 'specrt[export,peers]'")
+                          f"missing): {INSTALL_TORCH} && pip install 'specrt[export,peers]'")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(tmp / "model"),
