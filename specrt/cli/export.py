@@ -87,7 +87,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
         from transformers.utils import logging as hf_logging
 
         from ..export.exporter import ExportOptions
-    from ..export.pipeline import describe, export_pipeline
+    from ..export.pipeline import describe, export_pipeline, next_steps
     from ..export.progress import RichReporter
     from ..export.quant.quantize import QuantizeOptions
 
@@ -108,6 +108,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
+    click.echo(next_steps(manifest, output))
 
 
 @main.command()

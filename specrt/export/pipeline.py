@@ -94,6 +94,22 @@ def _staged_gguf(path: Path, folder: Path, reporter: Reporter) -> str:
         return str(stage(path, folder))
 
 
+def next_steps(manifest: Manifest, folder: str | Path) -> str:
+    """What ``specrt export`` says last: what ``--method auto`` will run on the bundle and why, and what to run
+    next; a bundle without a drafter is told plainly that prompt lookup rarely speeds up a sampled reply."""
+    from ..runtime.drafters import auto_method
+
+    method = auto_method(manifest.eagle is not None, "draft" in manifest.models)
+    bench = f"next: specrt bench --bundle {folder} --methods none,{method}"
+    if method == "ngram":
+        return ("auto will run ngram (prompt lookup): the bundle has no draft model or EAGLE-3 head. It pays where a "
+                "reply repeats its prompt; sampled, it can be slower than plain decoding. For a speedup on this "
+                "model, add a drafter: an EAGLE-3 head (specrt eagle train MODEL -o HEAD, then specrt export MODEL "
+                "--eagle HEAD; docs/eagle.md) or a smaller model with the same tokenizer (--draft).\n" + bench)
+    what = "the EAGLE-3 head's tree" if method == "eagle-tree" else "the draft model's chain"
+    return f"auto will run {method} ({what}).\n{bench}"
+
+
 def describe(manifest: Manifest) -> str:
     """What ``specrt export`` prints of a bundle: per model its graph and parity against PyTorch (for a
     quantized bundle, its bits and parity against the float one) and the Medusa tree."""

@@ -41,6 +41,12 @@ def drafter_class(method: str) -> type[Drafter]:
     return METHODS.get(method, Drafter)
 
 
+def auto_method(has_eagle: bool, has_draft: bool) -> str:
+    """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree, else its draft model's chain, else
+    prompt lookup, which needs no model (the one rule: the generator and ``specrt export``'s closing line read it)."""
+    return "eagle-tree" if has_eagle else "draft" if has_draft else "ngram"
+
+
 def proposes_trees(method: str) -> bool:
     """Whether ``method`` verifies a token tree (its "gamma" is nodes per pass, not a chain's length)."""
     return drafter_class(method).proposes_trees

@@ -19,7 +19,7 @@ from .backends.onnxruntime import share_threads
 from .cached import CachedModel
 from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
                     remembered_verify_costs)
-from .drafters import METHODS, Drafter, DrafterContext
+from .drafters import METHODS, Drafter, DrafterContext, auto_method
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
@@ -239,9 +239,7 @@ class SpeculativeGenerator:
         greedy and sampled, fp32 and int8, on SmolLM2: docs/performance/smollm2-eagle3-cpu.md), else a draft
         model's chain, else prompt lookup (no model; exact, and never slower than plain decoding by more than
         its lookup)."""
-        if self.manifest.eagle is not None:
-            return "eagle-tree"
-        return "draft" if "draft" in self._models else "ngram"
+        return auto_method(self.manifest.eagle is not None, "draft" in self._models)
 
     def resolve_method(self, method: str) -> str:
         return self.default_method if method == AUTO else method

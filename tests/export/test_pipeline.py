@@ -29,3 +29,22 @@ def test_free_memory_feeds_the_jetson_workspace():
     free = free_memory_mb()
     assert free > 0
     assert 256 <= jetson_defaults(free, BuildOptions()).workspace_mb <= 4096
+
+
+def test_the_export_says_what_auto_runs_and_what_to_do_next(bundles, eagle_bundle):
+    """A bundle without a drafter is told that prompt lookup rarely pays and how to get a drafter; one with a draft
+    or a head is told which runs. The rule is the generator's own (runtime.drafters.auto_method)."""
+    from dataclasses import replace
+
+    import specrt
+    from specrt.export.pipeline import next_steps
+
+    pair = load_manifest(bundles["llama"])
+    alone = replace(pair, models={"target": pair.models["target"]})
+    said = next_steps(alone, "smol")
+    assert said.startswith("auto will run ngram (prompt lookup)") and "slower than plain decoding" in said
+    assert "specrt eagle train MODEL -o HEAD" in said and said.endswith("specrt bench --bundle smol --methods none,ngram")
+    assert next_steps(pair, "b").startswith("auto will run draft (the draft model's chain)")
+    assert next_steps(load_manifest(eagle_bundle), "e").startswith("auto will run eagle-tree")
+    for bundle, method in ((bundles["llama"], "draft"), (eagle_bundle, "eagle-tree")):
+        assert specrt.load(bundle, threads=1).default_method == method
