@@ -166,8 +166,9 @@ def _warm_up(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchC
              specs: dict[str, tuple[str, int | str]], peers: Sequence[Peer]) -> None:
     """First-call allocations, and the verify costs a method reads, before anything is timed."""
     gen.stream_ids(prompt_ids[0], max_new_tokens=8, method="none").result  # warm-up: first-call allocations
-    if any(g == "auto" and name != "none" and not proposes_trees(name) for name, g in specs.values()):
-        gen.verify_costs()  # a chain's auto gamma measures them once per bundle: not inside a timed generation
+    if any((g == "auto" and name != "none" and not proposes_trees(name)) or drafter_class(name).proposes_for_free
+           for name, g in specs.values()):
+        gen.verify_costs()  # auto gamma and a lookup's gate measure them once per bundle: not in a timed generation
     if any(drafter_class(name).sizes_tree_by_cost for name, _ in specs.values()):
         gen.tree_verify_costs(cfg.eagle_tree)  # the same, for a tree sized by cost
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)

@@ -30,6 +30,9 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
         t.add_row("tree nodes per pass" if tree else "mean gamma", _fmt(st.mean_gamma, ".2f"), "")
         t.add_row("accepted per depth", "", " ".join(f"{x:.2f}" for x in st.accepted_per_depth[:8]))
         t.add_row("c (draft pass / target pass)", _fmt(st.c), "")
+    if st.paused_steps:
+        t.add_row("drafting paused", f"{st.paused_steps}/{st.target_passes - 1}", "steps whose lookup was not verified: "
+                  "at its measured acceptance no prefix beat a plain step's cost")
         if st.predicted_speedup is not None and not tree:
             t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
                       "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")

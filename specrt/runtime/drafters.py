@@ -94,6 +94,8 @@ class NgramDrafter(Drafter):
     probability p(x) and a rejection resamples from p without x.
     """
 
+    proposes_for_free = True
+
     def __init__(self, vocab: int, max_ngram: int = 3) -> None:
         self.vocab, self.max_ngram = vocab, max_ngram
 

@@ -324,9 +324,10 @@ class SpeculativeGenerator:
     def _decode(self, tokens: list[int], opts: DecodeOptions, method: str,
                 drafter: Drafter) -> Generator[str, None, GenerationResult]:
         auto = opts.gamma == "auto" and method != "none" and not drafter.proposes_trees
+        gate = drafter.proposes_for_free and method != "none"  # a lookup verified only where it pays
         stepper = (PlainStepper() if method == "none"
                    else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma, self.verify_costs() if auto else None))
+                   else ChainStepper(opts.gamma, self.verify_costs() if auto or gate else None, gate=gate))
         reused = self._rewind(tokens, drafter)
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
@@ -13,8 +13,9 @@ from .acceptance import accept_chain, verify_tree_greedy, verify_tree_sampled, v
 from .cached import CachedModel
 from .dist import overlap
 from .drafters import Drafter
+from .proposal import Proposal
 from .options import MAX_GAMMA  # noqa: F401  (the loop's bound on gamma, checked by DecodeOptions)
-from .rows import acceptance_beta
+from .rows import LogitRows, acceptance_beta
 from .sampling import SamplingConfig
 from .stats import StatsRecorder, StepRecord
 
@@ -52,17 +53,25 @@ def prefill(s: DecodeState) -> int:
 def plain_step(s: DecodeState) -> tuple[list[int], StepRecord]:
     """Plain decoding: one target pass over what its cache lacks (the last token); its distribution gives
     the next token. The baseline's step, with nothing of speculation's bookkeeping around the pass."""
+    token, record, _ = _plain_pass(s)
+    return [token], record
+
+
+def _plain_pass(s: DecodeState) -> tuple[int, StepRecord, LogitRows]:
     t0 = time.perf_counter()
     p = s.target.feed(verify_rows(s, []), s.sampling)
     t1 = time.perf_counter()
-    return [p[0].sample(s.rng)], StepRecord(0, 0, [], 0, 0.0, t1 - t0)
+    return p[0].sample(s.rng), StepRecord(0, 0, [], 0, 0.0, t1 - t0), p
 
 
-def speculative_step(s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]:
-    """Draft γ tokens, verify them all in ONE target pass, keep what exact rejection sampling accepts + 1."""
+def speculative_step(s: DecodeState, gamma: int, proposal: Proposal | None = None,
+                     draft_s: float = 0.0) -> tuple[list[int], StepRecord]:
+    """Draft γ tokens, verify them all in ONE target pass, keep what exact rejection sampling accepts + 1.
+    ``proposal``: drafted already (in ``draft_s`` seconds), by a caller that looked at it first."""
     context_len = len(s.tokens)
-    t0 = time.perf_counter()
-    proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)  # ≤ γ tokens and the q each came from
+    t0 = time.perf_counter() - draft_s
+    if proposal is None:
+        proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)  # ≤ γ tokens and the q each came from
     k = len(proposal.tokens)
     t1 = time.perf_counter()
     # The token emitted last (not yet in the target's cache) + the drafts, in one pass: k+1 rows of
@@ -151,17 +160,67 @@ class AutoGamma:
         return self.gamma
 
 
+class DraftGate:
+    """Whether verifying a proposal that cost nothing to make (prompt lookup: ``Drafter.proposes_for_free``) pays,
+    step by step: only its longest prefix whose expected tokens per pass beat that prefix's verify cost is kept,
+    and none when no prefix does, so a lookup that keeps missing costs a plain step, not a dear multi-row pass.
+
+    α̂ pools the betas of verified positions as :class:`AutoGamma` does; while verification is off it keeps
+    learning from each plain step: a one-hot q's beta is p(x), the target's probability of the lookup's first
+    token, read off the row the plain pass made anyway, so the gate turns back on when the lookup starts to
+    hit. Which exact method runs each step depends only on the steps before it: the output stays distributed
+    as the target's. ``verify_costs``: the backend's curve (runtime.costs); None (every pass costs one row)
+    never turns verification off."""
+
+    def __init__(self, verify_costs: tuple[float, ...] | None, weight: float = 0.3) -> None:
+        self.verify_costs, self.weight = verify_costs, weight
+        self.alpha: float | None = None
+        self._beta_sum: float | None = None
+        self._positions: float | None = None
+
+    def observe(self, betas: list[float]) -> None:
+        if betas:
+            self._beta_sum = theory.moving_average(self._beta_sum, float(sum(betas)), self.weight)
+            self._positions = theory.moving_average(self._positions, float(len(betas)), self.weight)
+            self.alpha = self._beta_sum / self._positions
+
+    def keep(self, k: int) -> int:
+        """How many of ``k`` proposed tokens to verify: 0 when no prefix is expected to beat a plain step."""
+        if k == 0 or self.alpha is None:
+            return k
+        alpha = min(self.alpha, 0.999)
+        best = theory.optimal_gamma(alpha, 0.0, k, self.verify_costs)
+        return best if theory.speedup(alpha, best, 0.0, self.verify_costs) > 1.0 else 0
+
+    def step(self, s: DecodeState, gamma: int) -> tuple[list[int], StepRecord]:
+        t0 = time.perf_counter()
+        proposal = s.drafter.propose(s.tokens, gamma, s.sampling, s.rng)
+        draft_s = time.perf_counter() - t0
+        k = self.keep(len(proposal.tokens))
+        if k:
+            step = speculative_step(s, gamma, Proposal(proposal.tokens[:k], proposal.dists[:k]), draft_s)
+            self.observe(step[1].betas)
+            return step
+        token, record, p = _plain_pass(s)
+        if proposal.tokens:  # what verifying would have kept at the first position, for free
+            self.observe([acceptance_beta(p, 0, proposal.dists[0], proposal.tokens[0])])
+            record = replace(record, paused=True, draft_s=draft_s)
+        return [token], record
+
+
 class ChainStepper:
     """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`, weighing γ with
-    ``verify_costs``)."""
+    ``verify_costs``); ``gate``: each proposal first passes a :class:`DraftGate` on the same curve."""
 
-    def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None) -> None:
+    def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None, gate: bool = False) -> None:
         self.auto = AutoGamma(verify_costs=verify_costs) if gamma == "auto" else None
         self.gamma = 0 if gamma == "auto" else int(gamma)
+        self.gate = DraftGate(verify_costs) if gate else None
 
     def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
-        step = speculative_step(s, min(self.auto.gamma if self.auto else self.gamma, budget))
-        if self.auto:
+        gamma = min(self.auto.gamma if self.auto else self.gamma, budget)
+        step = self.gate.step(s, gamma) if self.gate else speculative_step(s, gamma)
+        if self.auto and not step[1].paused:
             self.auto.update(step[1])
         return step
 

@@ -67,6 +67,11 @@ class Drafter:
     """Proposes a token tree (:meth:`propose_tree`, its ``gamma`` being nodes per pass) rather than a chain
     (:meth:`propose`)."""
 
+    proposes_for_free: ClassVar[bool] = False
+    """Proposes without a model pass (prompt lookup), so a proposal can be made and then not verified: each
+    step's proposal first passes :class:`~specrt.runtime.loop.DraftGate`, which verifies only what is expected
+    to pay at the running acceptance and this backend's measured verify cost."""
+
     sizes_tree_by_cost: ClassVar[bool] = False
     """Sizes its dynamic tree (:attr:`DrafterContext.eagle_tree`) by what this backend's verify passes cost per
     row (:attr:`DrafterContext.verify_costs`), where that shape asks for it (nodes ``auto``): the costs are

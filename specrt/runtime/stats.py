@@ -18,6 +18,7 @@ class StepRecord:
     draft_passes: int
     draft_s: float
     verify_s: float
+    paused: bool = False  # a proposal made and not verified: DraftGate judged no prefix of it would pay
 
 
 @dataclass
@@ -31,6 +32,7 @@ class StatsRecorder:
     drafted: int = 0
     accepted: int = 0
     draft_passes: int = 0
+    paused: int = 0  # steps whose proposal DraftGate did not verify
     betas: list[float] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
@@ -53,6 +55,7 @@ class StatsRecorder:
         self.accepted += r.accepted
         self.betas.extend(r.betas)
         self.draft_passes += r.draft_passes
+        self.paused += r.paused
         self.seconds["draft"] += r.draft_s
         self.seconds["verify"] += r.verify_s
 
@@ -81,7 +84,7 @@ class StatsRecorder:
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
                                 for d in range(max(self.accepted_lengths, default=0))],
-            reused_tokens=self.reused_tokens)
+            reused_tokens=self.reused_tokens, paused_steps=self.paused)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class GenerationStats:
     accepted_per_depth: list[float] = field(default_factory=list)
     # prompt tokens not fed again: their K/V was left by the previous generation (reuse_prefix)
     reused_tokens: int = 0
+    # steps whose proposal was not verified: prompt lookup kept missing where rows are dear (runtime.loop.DraftGate)
+    paused_steps: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -43,6 +43,7 @@ def int8_bundle(close_bundle, tmp_path_factory):
 
 def test_row_stable_chains_match_row_stable_plain_decoding_on_int8(int8_bundle):
     gen = specrt.load(int8_bundle, threads=1)
+    gen.verify_costs()  # ngram's gate reads the verify-cost curve: measured here, not among the passes counted
     rows: list[int] = []
     forward = gen.decoders["target"].forward
 
