@@ -6,24 +6,40 @@ models go through :func:`probs_from_logits` with one :class:`SamplingConfig`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
 
+# A temperature below this is greedy: 1/T no longer fits a float32 below ~3e-39, and logits times 1/T overflow
+# it from ~1e-36 (the summary graph, the float32 exp pass); any two float32 logits that differ at all (by
+# more than ~1e-27 at any magnitude a model produces) differ by thousands of nats at it, so the softmax
+# already is the argmax's point mass.
+GREEDY_BELOW = 1e-30
+
+
+def is_real(value: object) -> bool:
+    """An int or float (numpy's too), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 = greedy (one-hot argmax); top_k 0 = off; top_p 1 = off."""
+    """temperature 0 = greedy (one-hot argmax), as is any below :data:`GREEDY_BELOW` (stored as 0.0);
+    top_k 0 = off; top_p 1 = off."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if not is_real(t) or not math.isfinite(t) or t < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0, got {t!r}")
+        if t < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
         if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise ConfigError(f"top_k must be a non-negative integer, got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -50,7 +50,32 @@ def test_sample_matches_distribution_and_handles_unnormalised():
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
-                                    dict(temperature=float("nan"))])
+                                    dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                    dict(temperature="1")])
 def test_bad_sampling_values(kwargs):
     with pytest.raises(ConfigError):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-31, 1e-38, 1e-40, 5e-324])
+@pytest.mark.parametrize("vocab", [500, 50_000])
+def test_a_temperature_whose_inverse_overflows_float32_is_greedy(temperature, vocab):
+    """Below GREEDY_BELOW (1e-30) a temperature is stored as 0: warp's float32 1/T and logits / T overflowed
+    from ~1e-38 (warnings, then a distribution with no mass)."""
+    import warnings
+
+    from specrt.runtime.sampling import GREEDY_BELOW
+    from specrt.runtime.warp import warp
+
+    assert temperature < GREEDY_BELOW
+    logits = (np.random.default_rng(vocab).standard_normal(vocab) * 3).astype(np.float32)
+    top = int(np.argmax(logits))
+    for kwargs in ({}, {"top_p": 0.9}, {"top_k": 5}):
+        cfg = SamplingConfig(temperature, **kwargs)
+        assert cfg.greedy and cfg.temperature == 0.0 and cfg == SamplingConfig(0.0, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no overflow on the way
+            p = probs_from_logits(logits[None], cfg)[0]
+            dist = warp(logits, cfg, vocab)
+        assert p[top] == 1.0 and p.sum() == 1.0
+        assert dist.prob(top) == 1.0 and dist.support_size == 1
