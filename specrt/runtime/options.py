@@ -10,12 +10,33 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .sampling import SamplingConfig
+from .sampling import GREEDY_BELOW, SamplingConfig, is_real
 from .tree import DEFAULT_EAGLE_TREE, DynamicTree, TreeShape
 
 MAX_GAMMA = 64
 AUTO = "auto"  # the method: the best the bundle holds (SpeculativeGenerator.default_method)
 ACCEPTANCE = ("exact", "typical")
+MAX_TEMPERATURE = 2.0  # OpenAI's bound, which the server's requests keep too: one rule for every entry point
+MAX_SEED = 2**63 - 1  # the server's bound: a seed any client, language or JSON parser can send
+
+
+def check_temperature(value: Any) -> float:
+    """``value`` as a temperature: a number in [0, MAX_TEMPERATURE], below GREEDY_BELOW read as 0 (greedy:
+    the softmax there is the argmax's point mass, and 1/T would overflow float32); else a ConfigError."""
+    if not is_real(value) or not 0 <= value <= MAX_TEMPERATURE:  # NaN fails the comparison
+        raise ConfigError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {_shown(value)}")
+    return 0.0 if value < GREEDY_BELOW else value
+
+
+def check_seed(value: Any) -> int:
+    """``value`` as a sampling seed: an integer in [0, MAX_SEED]; else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"seed must be an integer in [0, 2^63 - 1], got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    return str(value) if is_real(value) else repr(value)  # inf, -1, '0.5'
 
 
 @dataclass(frozen=True)
@@ -26,9 +47,10 @@ class DecodeOptions:
     "tree" (a draft-model token tree of shape ``tree``, children per depth), "medusa" (the bundle's Medusa
     heads and static tree), "ngram" (prompt lookup) or "none" (plain decoding). ``gamma``: drafted tokens
     per target pass, or "auto" (adapted from the measured α and c); ``draft_stop``: a chain ends early where
-    the drafter's probability of its next token is below it. temperature 0 is greedy; top_k 0 and
-    top_p 1 are off. ``stop``: strings that end the generation. ``acceptance="typical"`` (Medusa only) is
-    LOSSY: faster sampling whose output is not distributed as the target's."""
+    the drafter's probability of its next token is below it. temperature in [0, 2]: 0 is greedy, as is
+    any below 1e-30 (stored as 0); top_k 0 and top_p 1 are off; seed in [0, 2^63 - 1]. ``stop``: strings
+    that end the generation. ``acceptance="typical"`` (Medusa only) is LOSSY: faster sampling whose output
+    is not distributed as the target's."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -67,7 +89,9 @@ class DecodeOptions:
         object.__setattr__(self, "eagle_tree", eagle_tree)
         object.__setattr__(self, "tree", tree)
         object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
         SamplingConfig(self.temperature, self.top_k, self.top_p)  # validates them
+        check_seed(self.seed)
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
                 or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")

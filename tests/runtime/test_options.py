@@ -34,10 +34,40 @@ def test_options_normalise_their_spellings_and_compare_equal():
     (dict(gamma=0), "gamma"), (dict(gamma=True), "gamma"), (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(temperature=-1), "temperature"), (dict(top_p=1.5), "top_p"), (dict(tree="2,x"), "tree shape"),
     (dict(acceptance="typical", method="draft"), "medusa only"), (dict(acceptance="loose"), "acceptance"),
-    (dict(stop=[3]), "stop")])
+    (dict(stop=[3]), "stop"),
+    # The server's rule for every entry point: a finite temperature in [0, 2], a seed in [0, 2^63 - 1].
+    (dict(temperature=float("inf")), r"temperature must be a number in \[0, 2\] \(0: greedy\), got inf"),
+    (dict(temperature=2.5), "got 2.5"), (dict(temperature=float("nan")), "got nan"),
+    (dict(temperature="0.5"), "got '0.5'"), (dict(temperature=True), "temperature"),
+    (dict(seed=-1), r"seed must be an integer in \[0, 2\^63 - 1\], got -1"), (dict(seed=2**63), "seed"),
+    (dict(seed=1.5), "seed"), (dict(seed=True), "seed")])
 def test_bad_options_are_config_errors(changes, match):
     with pytest.raises(ConfigError, match=match):
         DecodeOptions(**changes)
+
+
+def test_a_temperature_too_small_for_float32_is_greedy(generator):
+    """1/T overflows float32 below ~3e-39 (a traceback once); below 1e-30 the softmax is the argmax's anyway."""
+    assert DecodeOptions(temperature=1e-40) == DecodeOptions() and DecodeOptions(temperature=1e-40).sampling.greedy
+    assert DecodeOptions(temperature=2.0, seed=2**63 - 1).temperature == 2.0
+    assert DecodeOptions(temperature=1e-29).temperature == 1e-29  # still sampled, at a finite 1/T
+    greedy = generator.generate("def f(x):", max_new_tokens=8, method="none").token_ids
+    for tiny in (1e-40, 5e-324):
+        for extra in ({}, {"top_p": 0.9}, {"top_k": 5}):
+            out = generator.generate("def f(x):", max_new_tokens=8, method="draft", temperature=tiny, seed=1, **extra)
+            assert out.token_ids == greedy, (tiny, extra)
+
+
+def test_threads_are_bounded_where_the_bundle_loads(llama_bundle):
+    """-2 was accepted and 100000 hung (ONNX Runtime starts every thread it is given)."""
+    from specrt.runtime.backends.base import MAX_THREADS, check_threads
+
+    assert check_threads(None) is None and check_threads(0) == 0 and check_threads(MAX_THREADS) == MAX_THREADS
+    for bad in (-2, MAX_THREADS + 1, 100_000, 1.5, True):
+        with pytest.raises(ConfigError, match=r"threads must be an integer in \[1, \d+\] \(0 or none"):
+            check_threads(bad)
+    with pytest.raises(ConfigError, match="got -2"):
+        specrt.load(llama_bundle, threads=-2)
 
 
 def test_a_misspelt_option_is_an_error_not_silently_ignored(generator):

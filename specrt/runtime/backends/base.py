@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
@@ -141,15 +142,33 @@ def _backend(name: str, bundle_dir: Path | None = None) -> BackendInfo:
     return _BACKENDS[name]
 
 
+# Intra-op threads one session may ask for: ONNX Runtime starts every one it is given (100000 hung the process)
+# and more than a few per core only contend; 256 leaves room to experiment on any machine of today.
+MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
+
+
+def check_threads(threads: object) -> int | None:
+    """``threads`` as intra-op threads: None or 0 (the backend's default, one per core) or 1..MAX_THREADS;
+    else a ConfigError."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 0 <= threads <= MAX_THREADS:
+        shown = threads if isinstance(threads, (int, np.integer)) else repr(threads)
+        raise ConfigError(f"threads must be an integer in [1, {MAX_THREADS}] (0 or none: one per core), got {shown}")
+    return int(threads)
+
+
 def create_decoder(backend: str, bundle_dir: Path, entry: ModelEntry, threads: int | None = None,
                    role: str = "target", low_memory: bool | None = None) -> Decoder:
     """``role``: "target", or "draft" for a model run between target passes (a CPU backend keeps its threads
     from competing with the target's). ``low_memory``: a session that trades speed for no second copy of
     the weights (ONNX Runtime on CPU; None: when the default one would not fit; other backends ignore it)."""
+    threads = check_threads(threads)
     return _backend(backend, bundle_dir).factory(bundle_dir, entry, threads=threads, role=role, low_memory=low_memory)
 
 
 def create_heads(backend: str, bundle_dir: Path, file: str, threads: int | None = None) -> Heads:
+    threads = check_threads(threads)
     info = _backend(backend, bundle_dir)
     if info.heads is None:
         raise ConfigError(f"backend {info.name!r} cannot run Medusa heads")
