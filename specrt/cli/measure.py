@@ -7,9 +7,11 @@ import json
 import click
 
 from . import main
+from ..runtime.options import check_temperature
 from .options import (
     backend_option,
     bundle_option,
+    checked,
     gamma_option,
     low_memory_option,
     sampling_options,
@@ -170,8 +172,8 @@ def _bench_with_status(gen, prompts: list[str], cfg, notes: list[str], kinds: tu
               help="With --bundle: measure on these prompts (JSON list or one per line) [default: the shipped code "
                    "prompts]. A head trained on the shipped prompts reads optimistic α from them: pass held-out ones.")
 @click.option("--demo", is_flag=True, help="Measure on the demo bundle shipped with specrt.")
-@click.option("--temperature", type=float, default=1.0, show_default=True,
-              help="Sampling temperature to measure α at.")
+@click.option("--temperature", type=float, default=1.0, show_default=True, callback=checked(check_temperature),
+              help="Sampling temperature to measure α at (0-2).")
 @click.option("--context", type=int, default=256, show_default=True,
               help="With --bundle: μ adds attention's FLOPs at this many positions (0: matmuls only).")
 @click.option("--max-gamma", type=int, default=16, show_default=True)

@@ -7,10 +7,11 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from ..errors import SpecrtError
+from ..errors import ConfigError, SpecrtError
 from ..export.pipeline import missing_extra
+from ..runtime.backends.base import check_threads
 from ..runtime.drafters import METHODS as REGISTERED
-from ..runtime.options import AUTO
+from ..runtime.options import AUTO, check_seed, check_temperature
 from ..runtime.tree import DEFAULT_EAGLE_TREE
 
 
@@ -43,6 +44,19 @@ def combine(*decorators: Callable) -> Callable:
         return fn
 
     return deco
+
+
+def checked(check: Callable[[Any], Any]) -> Callable:
+    """A click callback that applies the library's own check to an option's value before any bundle loads:
+    the same rule as the Python API's, its ConfigError one 'Invalid value for --option' line."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        try:
+            return value if value is None else check(value)
+        except ConfigError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return callback
 
 
 def parse_gamma(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
@@ -88,7 +102,8 @@ tree_option = combine(
                       "count, measured once), and a level is grown only where its head pass pays: few nodes "
                       "and levels on a CPU, all on a GPU."))
 sampling_options = combine(
-    click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+    click.option("--temperature", type=float, default=0.0, show_default=True, callback=checked(check_temperature),
+                 help="0 = greedy, as is any T below 1e-30; at most 2, as the server's requests."),
     click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
     click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."))
 backend_option = click.option(
@@ -96,7 +111,8 @@ backend_option = click.option(
     help="onnxruntime, tensorrt or torch. auto: TensorRT when the bundle has engines from `specrt build` "
          "(and TensorRT is importable), else ONNX Runtime (its CUDA provider if onnxruntime-gpu sees a GPU).")
 threads_option = combine(
-    click.option("--threads", type=int, help="Intra-op threads [default: all cores]."),
+    click.option("--threads", type=int, callback=checked(check_threads),
+                 help="Intra-op threads, at most 256 (4 per core past 64 cores) [default, or 0: all cores]."),
     click.option("--thread-pool", type=click.Choice(["shared", "per-model"]), default="shared", show_default=True,
                  envvar="SPECRT_THREAD_POOL",
                  help="ONNX Runtime on CPU. shared: one pool for all of the bundle's models, so the draft's or EAGLE "
@@ -109,6 +125,8 @@ low_memory_option = click.option(
     help="ONNX Runtime on CPU. on: no fp32 copy of an fp16 model's weights (cast at every pass instead) and no "
          "prepacking (Llama-3.2-1B dims fp16: 0.3x the anonymous memory, 0.2x the tokens/s). auto: on for a model "
          "whose default session would not fit in the memory available, said on stderr.")
+seed_option = click.option("--seed", type=int, default=0, show_default=True, callback=checked(check_seed),
+                           help="Sampling seed, 0 to 2^63 - 1.")
 force_option = click.option("--force", is_flag=True, help="Replace a non-empty output folder.")
 
 

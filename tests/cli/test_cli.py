@@ -91,3 +91,31 @@ def test_run_tree_method_and_bad_shape(close_bundle):
     assert "tree nodes per pass" in res.output and "accepted per depth" in res.output
     assert_one_line_error(invoke("run", "x", "--bundle", str(close_bundle), "--method", "tree", "--tree", "3,x"),
                           "tree shape")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["run", "hi", "--temperature", "inf"], "temperature must be a number in [0, 2] (0: greedy), got inf"),
+    (["run", "hi", "--temperature", "2.5"], "got 2.5"), (["run", "hi", "--temperature", "nan"], "got nan"),
+    (["bench", "--temperature", "inf"], "temperature must be"),
+    (["plan", "--alpha", "0.8", "--c", "0.1", "--temperature", "inf"], "temperature must be"),
+    (["run", "hi", "--threads", "-2"], "threads must be an integer in [1, "),
+    (["run", "hi", "--threads", "100000"], "got 100000"), (["serve", "--threads", "100000"], "got 100000"),
+    (["bench", "--threads", "-2"], "got -2")])
+def test_out_of_range_values_are_one_line_before_any_bundle_loads(tmp_path, args, match):
+    """The Python API's rules (the server's for temperature and seed), checked as the command line is parsed:
+    the missing bundle is never reached. Once: --temperature inf accepted, --threads -2 accepted and 100000 a
+    hang."""
+    if args[0] != "plan":
+        args = [*args, "--bundle", str(tmp_path / "nope")]
+    res = invoke(*args)
+    assert_one_line_error(res, match)
+    assert "Error: Invalid value for '--" in res.output
+
+
+def test_a_temperature_too_small_for_float32_decodes_greedily():
+    """Below 1e-30 a temperature is greedy (1/T overflowed float32: a traceback); 0 still means greedy, and the
+    demo bundle's greedy tokens are the same."""
+    runs = [invoke("run", "def fib(n):", "--max-new-tokens", "8", "--json", "--temperature", t, "--method", "draft")
+            for t in ("0", "1e-40")]
+    assert all(r.exit_code == 0 for r in runs), runs[-1].output
+    assert json.loads(runs[0].output)["token_ids"] == json.loads(runs[1].output)["token_ids"]
