@@ -36,15 +36,15 @@ _CHILDREN = {
 }
 
 
-class _Malformed(Exception):
-    pass
+class Malformed(Exception):
+    """The bytes do not parse as protobuf."""
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
-            raise _Malformed
+            raise Malformed
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -53,7 +53,7 @@ def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview, pos: int, end: int):
+def fields(buf: memoryview, pos: int, end: int):
     """(field number, wire type, value or (start, stop) of a length-delimited field) of one message's fields."""
     while pos < end:
         key, pos = _varint(buf, pos, end)
@@ -64,29 +64,29 @@ def _fields(buf: memoryview, pos: int, end: int):
         elif wire == 2:
             size, pos = _varint(buf, pos, end)
             if pos + size > end:
-                raise _Malformed
+                raise Malformed
             yield number, wire, (pos, pos + size)
             pos += size
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
             if pos > end:
-                raise _Malformed
+                raise Malformed
         else:  # groups (3, 4) are not in onnx.proto
-            raise _Malformed
+            raise Malformed
     if pos != end:
-        raise _Malformed
+        raise Malformed
 
 
 def _tensor_location(buf: memoryview, start: int, end: int) -> tuple[str, str] | None:
     name, location, where = "", None, 0
-    for number, wire, value in _fields(buf, start, end):
+    for number, wire, value in fields(buf, start, end):
         if number == 8 and wire == 2:
             name = bytes(buf[value[0]:value[1]]).decode("utf-8", "replace")
         elif number == 14 and wire == 0:
             where = value
         elif number == 13 and wire == 2:
             entry = {k: bytes(buf[v[0]:v[1]]).decode("utf-8", "replace")
-                     for k, w, v in _fields(buf, *value) if w == 2 and k in (1, 2)}
+                     for k, w, v in fields(buf, *value) if w == 2 and k in (1, 2)}
             if entry.get(1) == "location":
                 location = entry.get(2, "")
     if where == EXTERNAL or location is not None:
@@ -96,14 +96,14 @@ def _tensor_location(buf: memoryview, start: int, end: int) -> tuple[str, str] |
 
 def _walk(buf: memoryview, kind: str, start: int, end: int, depth: int, found: list[tuple[str, str]]) -> None:
     if depth > _MAX_DEPTH:
-        raise _Malformed
+        raise Malformed
     if kind == "tensor":
         ref = _tensor_location(buf, start, end)
         if ref is not None:
             found.append(ref)
         return
     children = _CHILDREN[kind]
-    for number, wire, value in _fields(buf, start, end):
+    for number, wire, value in fields(buf, start, end):
         if wire == 2 and number in children:
             _walk(buf, children[number], value[0], value[1], depth + 1, found)
 
@@ -114,14 +114,14 @@ def external_locations(path: Path) -> list[tuple[str, str]]:
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
-                raise _Malformed
+                raise Malformed
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 buf = memoryview(mapped)
                 try:
                     _walk(buf, "model", 0, len(buf), 0, found)
                 finally:
                     buf.release()
-    except _Malformed:
+    except Malformed:
         raise BundleError(f"{path.name} is not an ONNX model (its protobuf does not parse)") from None
     except OSError as e:
         raise BundleError(f"cannot read {path}: {e.strerror}") from None

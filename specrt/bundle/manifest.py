@@ -12,8 +12,10 @@ from typing import Any
 
 from ..errors import BundleError
 from . import safety
-from .external_data import check_external_data
 from .contract import DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
+from .external_data import check_external_data
+from .graph_io import check_graph_dims, check_heads_dims
+from .validate import GRAPHS, MAX_MEDUSA_HEADS, ROLES, Fields, check_ids, check_medusa_tree, finite
 
 
 def id_set(value) -> set[int]:
@@ -88,24 +90,45 @@ class ModelEntry:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ModelEntry":
-        return cls(file=d["file"], source=d["source"], architecture=d["architecture"], dtype=d["dtype"],
-                   dims=ModelDims(**d["dims"]), parity=_parity_figures(d.get("parity", {})),
-                   parity_tolerance=_parity_tolerance(d.get("parity_tolerance", {})), golden=d.get("golden"),
-                   quantization=d.get("quantization"), graph=d.get("graph", "portable"),
-                   weight_bytes=d.get("weight_bytes"), matmul_flops_per_token=d.get("matmul_flops_per_token"),
-                   kind=d.get("kind", "decoder"), eagle_taps=tuple(d.get("eagle_taps", ())),
-                   tap_width=int(d.get("tap_width", 0)), vocab_map=d.get("vocab_map"),
-                   logits_index=bool(d.get("logits_index", False)), variants=tuple(d.get("variants", ())))
+    def from_json(cls, d: dict[str, Any], where: str = "model") -> "ModelEntry":
+        """``where``: the entry's path in the manifest (``models.target``), which a refusal names."""
+        f = Fields(d, where)
+        parity = f.nested("parity", {})
+        return cls(file=f.string("file"), source=f.string("source"), architecture=f.string("architecture"),
+                   dtype=f.string("dtype", choices=DTYPES), dims=_dims(f.nested("dims")),
+                   parity={case: parity.figures(case) for case in parity.raw},
+                   parity_tolerance=f.figures("parity_tolerance"), golden=f.optional_mapping("golden"),
+                   quantization=_quantization(f), graph=f.string("graph", "portable", GRAPHS),
+                   weight_bytes=f.optional_integer("weight_bytes"),
+                   matmul_flops_per_token=f.optional_integer("matmul_flops_per_token"),
+                   kind=f.string("kind", "decoder", KINDS),
+                   eagle_taps=f.integers("eagle_taps", 0, safety.MAX_DIM["num_layers"], ()),
+                   tap_width=f.integer("tap_width", 0, safety.MAX_DIM["num_layers"] * safety.MAX_DIM["hidden_size"], 0),
+                   vocab_map=f.optional_string("vocab_map"), logits_index=f.boolean("logits_index", False),
+                   variants=f.strings("variants", ()))
 
 
-def _parity_figures(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
-    return {case: _parity_tolerance(v) for case, v in raw.items()}
+def _dims(f: Fields) -> ModelDims:
+    """The six sizes, each a positive integer within :data:`safety.MAX_DIM` before any cache is sized from it."""
+    values = {name: f.integer(name, 1, limit) for name, limit in safety.MAX_DIM.items()}
+    try:
+        return ModelDims(**values)
+    except ValueError as e:  # heads not a multiple of the KV heads
+        raise BundleError(f"the manifest's {f.where}: {e}") from None
 
 
-def _parity_tolerance(raw: Any) -> dict[str, float]:
-    """Named figures; a bare number (bundles before the relative criterion) is the max |diff|."""
-    return {"abs": float(raw)} if isinstance(raw, (int, float)) else {k: float(x) for k, x in raw.items()}
+def _quantization(f: Fields) -> dict[str, Any] | None:
+    """The quantization record: free-form, but what the runtime reads of it typed (bits for the cost estimate, the
+    CPU its kernel was timed on for `specrt bench`'s note)."""
+    record = f.optional_mapping("quantization")
+    if record is not None:
+        q = f.nested("quantization")
+        q.optional_integer("bits", 1, 16)
+        choice = q.nested("kernel_choice", {})
+        if choice.raw.get("cpu") is not None:  # a choice made by timing: bench compares its CPU with this one
+            choice.string("cpu")
+            choice.string("chosen")
+    return record
 
 
 @dataclass(frozen=True)
@@ -121,10 +144,21 @@ class MedusaEntry:
     accuracies: list[list[float]]  # [head][rank]: P(candidate == target's argmax) on calibration text
     parity: float = 0.0
 
+    def __post_init__(self) -> None:
+        check_medusa_tree(self)
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "MedusaEntry":
-        return cls(**{k: d[k] for k in ("file", "source", "num_heads", "topk", "tree", "expected_accepted",
-                                        "accuracies")}, parity=float(d.get("parity", 0.0)))
+        f = Fields(d, "medusa")
+        num_heads = f.integer("num_heads", 1, MAX_MEDUSA_HEADS)
+        topk = f.integer("topk", 1, safety.MAX_DIM["vocab_size"])
+        accuracies = f.raw.get("accuracies")
+        if not (isinstance(accuracies, list)
+                and all(isinstance(row, list) and all(finite(a) and 0 <= a <= 1 for a in row) for row in accuracies)):
+            f.refuse("accuracies", "a list per head of numbers in [0, 1]", accuracies)
+        return cls(file=f.string("file"), source=f.string("source"), num_heads=num_heads, topk=topk,
+                   tree=f.raw.get("tree"), expected_accepted=f.number("expected_accepted", 0),
+                   accuracies=accuracies, parity=f.number("parity", 0, 0.0))
 
 
 @dataclass(frozen=True)
@@ -145,10 +179,12 @@ class TokenizerEntry:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TokenizerEntry":
-        return cls(file=d["file"], bos_token_id=d.get("bos_token_id"), eos_token_ids=tuple(d["eos_token_ids"]),
-                   add_bos_token=bool(d["add_bos_token"]), vocab_size=int(d["vocab_size"]),
-                   chat_template=d.get("chat_template"),
-                   special_tokens={str(k): str(v) for k, v in dict(d.get("special_tokens") or {}).items()})
+        f = Fields(d, "tokenizer")  # the ids' range is the target's vocabulary: validate.check_ids
+        return cls(file=f.string("file"), bos_token_id=f.optional_integer("bos_token_id"),
+                   eos_token_ids=f.integers("eos_token_ids"), add_bos_token=f.boolean("add_bos_token"),
+                   vocab_size=f.integer("vocab_size", 1, safety.MAX_DIM["vocab_size"]),
+                   chat_template=f.optional_string("chat_template"),
+                   special_tokens=f.text_map("special_tokens") if d.get("special_tokens") is not None else {})
 
 
 @dataclass(frozen=True)
@@ -167,10 +203,18 @@ class Manifest:
     def __post_init__(self) -> None:
         if "target" not in self.models:
             raise BundleError("manifest has no 'target' model")
+        unknown = sorted(set(self.models) - set(ROLES))
+        if unknown:  # the generator makes a session for every model it is given
+            raise BundleError(f"the manifest's models hold {unknown[0]!r}; a bundle's roles are {', '.join(ROLES)}")
         if self.max_context < 1:
             raise BundleError(f"max_context must be positive, got {self.max_context}")
-        if self.target.kind != "decoder":
-            raise BundleError(f"the target must be a decoder, got kind {self.target.kind!r}")
+        for role, entry in self.models.items():
+            if role != "eagle" and entry.kind != "decoder":
+                raise BundleError(f"the {role} must be a decoder, got kind {entry.kind!r}")
+        taps = self.target.eagle_taps
+        if self.target.tap_width != len(taps) * self.target.dims.hidden_size:
+            raise BundleError(f"the target's tap_width is {self.target.tap_width}; {len(taps)} eagle_taps of hidden "
+                              f"size {self.target.dims.hidden_size} are {len(taps) * self.target.dims.hidden_size}")
         head = self.eagle
         if head is not None:
             if head.kind != "eagle3":
@@ -230,15 +274,8 @@ def load_manifest(folder: str | Path) -> Manifest:
         raise BundleError(f"{path} has format version {version!r}; this specrt reads version {FORMAT_VERSION}: "
                           "re-export the bundle with this specrt version")
     try:
-        safety.bounded_context(raw["max_context"])
-        for role, m in raw["models"].items():
-            safety.bounded_dims(m["dims"], role)
-        manifest = Manifest(max_context=int(raw["max_context"]), tokenizer=TokenizerEntry.from_json(raw["tokenizer"]),
-                            models={r: ModelEntry.from_json(m) for r, m in raw["models"].items()},
-                            vocab_check=raw.get("vocab_check", {}), versions=raw.get("versions", {}),
-                            medusa=MedusaEntry.from_json(raw["medusa"]) if raw.get("medusa") else None,
-                            engines=raw.get("engines", {}))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        manifest = _parse(raw)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:  # what no check names: one line still
         raise BundleError(f"{path} is corrupt: {type(e).__name__}: {e}") from None
     for what, rel in named_files(manifest):
         # an engine may be gone (a bundle copied without engines/): the TensorRT backend says to rebuild
@@ -246,10 +283,29 @@ def load_manifest(folder: str | Path) -> Manifest:
             raise BundleError(f"bundle {folder} is incomplete: {rel} is missing")
         if what.endswith("graph") or what == "Medusa heads":  # before any session or parser opens it
             check_external_data(folder / rel, folder)
+    for role, entry in manifest.models.items():
+        check_graph_dims(folder / entry.file, entry.io(), f"models.{role}")
+    if manifest.medusa:
+        check_heads_dims(folder / manifest.medusa.file, manifest.target.dims.hidden_size, manifest.medusa)
+    check_ids(manifest)  # once the vocabularies are known to be the graphs'
     safety.checked_size(folder / manifest.tokenizer.file, safety.MAX_TOKENIZER_BYTES, "tokenizer")
     if manifest.tokenizer.chat_template:
         safety.checked_size(folder / manifest.tokenizer.chat_template, safety.MAX_TEMPLATE_BYTES, "chat template")
     return manifest
+
+
+def _parse(raw: dict[str, Any]) -> Manifest:
+    """The manifest's objects, every field read typed and in range (:class:`~.validate.Fields`)."""
+    top = Fields(raw, "")
+    engines = top.mapping("engines", {})
+    for role in engines:
+        top.nested("engines").nested(role).string("file")  # the rest of a record is the TensorRT backend's
+    medusa = raw.get("medusa")
+    return Manifest(max_context=top.integer("max_context", 1, safety.MAX_CONTEXT),
+                    tokenizer=TokenizerEntry.from_json(top.mapping("tokenizer")),
+                    models={r: ModelEntry.from_json(m, f"models.{r}") for r, m in top.mapping("models").items()},
+                    vocab_check=top.mapping("vocab_check", {}), versions=top.text_map("versions", {}),
+                    medusa=MedusaEntry.from_json(medusa) if medusa is not None else None, engines=engines)
 
 
 def named_files(manifest: Manifest) -> list[tuple[str, str]]:
@@ -265,5 +321,5 @@ def named_files(manifest: Manifest) -> list[tuple[str, str]]:
     if manifest.medusa:
         files.append(("Medusa heads", manifest.medusa.file))
     for role, record in manifest.engines.items():
-        files.append((f"{role} engine", record.get("file") if isinstance(record, dict) else record))
+        files.append((f"{role} engine", record["file"]))
     return files

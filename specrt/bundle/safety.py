@@ -4,7 +4,8 @@ Every file a manifest names resolves inside the bundle folder (no absolute paths
 leading out); no symlink in the folder leads out either, at any depth; ONNX external data named inside the
 graphs is checked the same way before any session opens them (:mod:`.external_data`: ONNX Runtime confines it
 only from ~1.24 on); files are size-checked before they are read;
-declared sizes (dims, context) are bounded before anything is allocated from them. Every refusal is a
+declared sizes (dims, context) are bounded before anything is allocated from them (:mod:`.validate` reads every
+manifest field typed and in range, :mod:`.graph_io` holds the dims to the graphs'). Every refusal is a
 one-line :class:`~specrt.errors.BundleError`. TensorRT engines can carry plugin code: the backend loads
 only those ``specrt build`` made on this machine (:mod:`specrt.runtime.backends.tensorrt`).
 """
@@ -79,21 +80,6 @@ def checked_size(path: Path, limit: int, what: str) -> int:
         raise BundleError(f"the bundle's {what} {path.name} is {size / 2**20:.0f} MiB; a {what} larger than "
                           f"{limit / 2**20:.0f} MiB is refused as corrupt or hostile")
     return size
-
-
-def bounded_dims(dims: dict, role: str) -> None:
-    """Refuse declared model sizes beyond :data:`MAX_DIM` before a cache is sized from them."""
-    for name, limit in MAX_DIM.items():
-        value = dims.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-            raise BundleError(f"the {role} model declares {name} = {value}; more than {limit} is refused as "
-                              "corrupt or hostile")
-
-
-def bounded_context(max_context: object) -> None:
-    if isinstance(max_context, int) and not isinstance(max_context, bool) and max_context > MAX_CONTEXT:
-        raise BundleError(f"the manifest declares max_context = {max_context}; more than {MAX_CONTEXT} is refused "
-                          "as corrupt or hostile")
 
 
 def kv_cache_bytes(max_context: int, models: list[tuple[object, str]]) -> int:

@@ -90,7 +90,7 @@ HOSTILE = {
         m.__setitem__("max_context", 1 << 21), m["models"]["target"]["dims"].update(num_layers=1000))),
         "re-export with a smaller --max-context"),
     "huge manifest": (_huge_manifest, "refused as corrupt or hostile"),
-    "dims of the wrong type": (_dims(num_layers="8"), "is corrupt"),
+    "dims of the wrong type": (_dims(num_layers="8"), "models.target.dims.num_layers must be an integer"),
     "truncated graph": (_truncated, "target.onnx is not an ONNX model"),
     "external data outside": (_external_data_out, "keeps its data at '../weights.bin', outside the bundle"),
     "a dtype the graph does not have": (lambda b: _manifest(b, lambda m: m["models"]["target"].__setitem__(
