@@ -87,6 +87,16 @@ def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int, h
     return value
 
 
+def _text(param: str, value: str) -> str:
+    """``value``, unless it holds a lone surrogate: JSON's ``"\\ud800"`` escape decodes to one, and no tokenizer
+    (nor UTF-8) can encode it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(param, f"{param} holds a lone surrogate (\\u{ord(value[e.start]):04x}): not text") from None
+    return value
+
+
 def _unsupported(body: Mapping[str, Any], allowed: Mapping[str, Sequence[Any]]) -> None:
     """Refuse parameters whose value specrt cannot honour; their neutral values (and absence) pass."""
     for name, neutral in allowed.items():
@@ -104,7 +114,7 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise invalid("stop", "stop must be a string or a list of strings")
     if len(stops) > MAX_STOP:
         raise invalid("stop", f"stop takes at most {MAX_STOP} sequences, got {len(stops)}")
-    return tuple(s for s in stops if s)
+    return tuple(_text("stop", s) for s in stops if s)
 
 
 def _common(body: Any, model: str, max_tokens_default: int | None) -> dict[str, Any]:
@@ -149,7 +159,7 @@ def parse_completion(body: Any, model: str) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise invalid("prompt", "prompt must be one string (token arrays and batches of prompts are not supported)")
-    return GenerationRequest(prompt=prompt, messages=None, **common)
+    return GenerationRequest(prompt=_text("prompt", prompt), messages=None, **common)
 
 
 def _content(i: int, content: Any) -> str:
@@ -174,7 +184,8 @@ def parse_chat(body: Any, model: str) -> GenerationRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise invalid(f"messages[{i}]", f"messages[{i}] must be an object with a string role")
-        checked.append({"role": m["role"], "content": _content(i, m.get("content"))})
+        checked.append({"role": _text(f"messages[{i}].role", m["role"]),
+                        "content": _text(f"messages[{i}].content", _content(i, m.get("content")))})
     return GenerationRequest(prompt=None, messages=tuple(checked), **common)
 
 
