@@ -4,7 +4,7 @@ A Hugging Face chat template is a Jinja2 program shipped with the tokenizer. Thi
 the way transformers' ``apply_chat_template(..., tokenize=False)`` does (same sandbox, options,
 filters, globals and variables; see ``transformers/utils/chat_template_utils.py``), with jinja2 alone:
 the runtime never imports transformers. Templates come from model repos, i.e. they are untrusted
-code; they run in Jinja's immutable sandbox.
+code; they run in Jinja's immutable sandbox, within a time, output and memory budget (:mod:`.chat_limits`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError, ConfigError
+from .chat_limits import (
+    LimitExceeded,
+    RenderLimits,
+    check_arguments,
+    check_binop,
+    check_format,
+    check_size,
+    guarded,
+    time_and_memory,
+)
 
 Message = Mapping[str, Any]
 
@@ -89,10 +99,36 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every call, filter and size-making operator checked against :class:`RenderLimits` before
+    it runs (see chat_limits: one C call can build gigabytes before any line-level check sees it)."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, limits: RenderLimits, **options: Any) -> None:
+        super().__init__(**options)
+        self.limits = limits
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        check_binop(operator, left, right, self.limits)
+        return check_size(super().call_binop(context, operator, left, right), self.limits)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's names)
+        check_arguments(args, kwargs, __self.limits)
+        return check_size(super().call(__context, __obj, *args, **kwargs), __self.limits)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapper = super().wrap_str_format(value)
+        if wrapper is not None:  # a str.format / format_map about to be called: its widths are in the string
+            check_format(value.__self__, self.limits)
+        return wrapper
+
+
+def _environment(limits: RenderLimits) -> ImmutableSandboxedEnvironment:
+    env = _BoundedEnvironment(limits, trim_blocks=True, lstrip_blocks=True,
+                              extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: guarded(f, limits, formats=name == "format") for name, f in env.filters.items()}
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
                        namespace=_TemplateNamespace)
     return env
@@ -145,13 +181,17 @@ class ChatTemplate:
     '<s>hi'
     """
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None, *,
+                 limits: RenderLimits = RenderLimits()) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens or {})
+        self.limits = limits
         try:
-            self._template = _environment().from_string(source)
+            self._template = _environment(limits).from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not compile (line {e.lineno}): {e.message}") from None
+        except LimitExceeded as e:  # Jinja folds filters of constants while compiling: `"x"|center(10**10)`
+            raise ChatTemplateError(f"the chat template was stopped while compiling: {e}") from None
 
     @classmethod
     def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> "ChatTemplate":
@@ -167,15 +207,30 @@ class ChatTemplate:
         The template sees ``messages``, ``add_generation_prompt``, ``tools=None``, ``documents=None``, the
         special tokens and ``variables`` (which override them), as under transformers. A template's
         ``raise_exception`` (e.g. "Conversation roles must alternate user/assistant/...") becomes a
-        :class:`ChatTemplateError` carrying its message."""
+        :class:`ChatTemplateError` carrying its message, and so does a render past :attr:`limits`."""
         context = {**self.special_tokens, **_plain(variables, "template variable")}
         messages = check_messages(messages)  # outside the try: a ConfigError is a ValueError too
         try:
-            return self._template.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=bool(add_generation_prompt), **context)
+            return self._bounded_render(dict(messages=messages, tools=None, documents=None,
+                                             add_generation_prompt=bool(add_generation_prompt), **context))
+        except LimitExceeded as e:
+            raise ChatTemplateError(f"the chat template was stopped: {e}") from None
         except _TemplateRaised as e:
             raise ChatTemplateError(f"the chat template refused the messages: {e.message}") from None
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e.message}") from None
-        except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # Python errors inside template code
+        except (TypeError, ValueError, LookupError, ArithmeticError, RecursionError, MemoryError) as e:
+            # Python errors inside template code (a macro calling itself ends in RecursionError)
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
+
+    def _bounded_render(self, variables: dict[str, Any]) -> str:
+        """The render, consumed piece by piece so that output past ``max_chars`` stops it, all of it under the
+        time and memory bounds."""
+        pieces, size = [], 0
+        with time_and_memory(self.limits):
+            for piece in self._template.generate(**variables):
+                size += len(piece)
+                if size > self.limits.max_chars:
+                    raise LimitExceeded(f"it wrote more than {self.limits.max_chars} characters")
+                pieces.append(piece)
+        return "".join(pieces)
