@@ -3,7 +3,8 @@
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or server-sent
 events), ``GET /health``, ``GET /metrics``. Generation goes through :class:`~specrt.serve.worker.Scheduler`:
 one generator, arrival order, a bounded queue (429 when full). A client that goes away cancels its job,
-whether it is still queued or already generating.
+whether it is still queued or already generating; so does the request's wall-clock limit (504).
+The socket and its connection bounds: :mod:`specrt.serve.connections`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..runtime.options import DecodeOptions
 from ..runtime.tree import DEFAULT_EAGLE_TREE
 from . import protocol
+from .connections import serve_http
 from .metrics import ServeMetrics
 from .protocol import ApiError, GenerationRequest
 from .worker import Failed, Finished, Job, Piece, QueueFull, Scheduler, Started
@@ -40,6 +41,9 @@ log = logging.getLogger("specrt.serve")
 # A body over the limit is still read (and dropped) up to this multiple of it, so the client gets its 413
 # instead of a connection reset from a socket closed on unread data; beyond it the connection is dropped.
 DRAIN_FACTOR = 8
+# A body must arrive whole this long after its headers (a client trickling it would hold a connection for as long
+# as it liked): 1 MiB at 40 KiB/s.
+BODY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     model_name: str | None = None  # default: "specrt-demo", or the bundle folder's name
     drain_timeout_s: float = 30.0  # after SIGTERM, in-flight requests get this long before they are cancelled
+    request_timeout_s: float = 600.0  # wall clock from arrival to the last byte of the answer, queue included
+    max_connections: int = 128  # open HTTP connections; the next one gets a 503 and is closed
+    header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -73,6 +80,12 @@ class ServeConfig:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        for name in ("request_timeout_s", "header_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):  # NaN fails too
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty")
         self.options  # validates method / gamma / tree before a server starts
@@ -118,8 +131,17 @@ def authorize(request: Request, api_key: str | None) -> None:
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or the 413 when it is larger than ``limit`` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, or the 413 when it is larger than ``limit`` bytes, or the 408 when it has not arrived
+    ``timeout_s`` after the headers."""
+    try:
+        return await asyncio.wait_for(_read_body(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     too_large = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes",
                          code="request_too_large")
     declared = request.headers.get("content-length", "")
@@ -303,6 +325,8 @@ class Api:
             return json.loads(body)
         except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
             raise protocol.invalid(None, "the request body is not valid JSON") from None
+        except RecursionError:  # json's C parser recurses once per [ or {: 100k of them end here
+            raise protocol.invalid(None, "the request body nests arrays or objects too deeply") from None
 
     async def completions(self, request: Request) -> Response:
         req = protocol.parse_completion(await self.read_json(request), self.state.model)
@@ -324,9 +348,13 @@ class Api:
         return JSONResponse(card)
 
     async def health(self, request: Request) -> Response:
+        """200 while the generator serves; 503 once it is stuck (a request it has not let go of long after its
+        --request-timeout), so a load balancer or Ray's health check takes this replica out."""
         s = self.state
-        return JSONResponse({"status": "ok", "model": s.model, "queue_depth": s.scheduler.depth,
-                             "max_queue": s.config.max_queue, "busy": s.scheduler.busy, "replica": s.replica})
+        stuck = s.scheduler.stuck
+        return JSONResponse({"status": "stuck" if stuck else "ok", "model": s.model,
+                             "queue_depth": s.scheduler.depth, "max_queue": s.config.max_queue,
+                             "busy": s.scheduler.busy, "replica": s.replica}, status_code=503 if stuck else 200)
 
     async def prometheus(self, request: Request) -> Response:
         body, content_type = self.state.metrics.render()
@@ -338,7 +366,7 @@ class Api:
         if req.is_chat and not s.has_template:
             raise ApiError(400, f"the model {s.model!r} has no chat template (its tokenizer had none at export): "
                                 "use /v1/completions with a plain prompt", code="no_chat_template")
-        job = Job(req, asyncio.get_running_loop())
+        job = Job(req, asyncio.get_running_loop(), timeout_s=s.config.request_timeout_s)
         try:
             s.scheduler.submit(job)
         except QueueFull:
@@ -352,7 +380,7 @@ class Api:
         disconnected = asyncio.ensure_future(_until_disconnect(request.receive))
         streaming = False
         try:
-            first = await _first(job.events.get(), disconnected)
+            first = await _first(job.next_event(), disconnected)
             if first is None:
                 return _Disconnected()
             if isinstance(first, Failed):
@@ -389,7 +417,7 @@ class Api:
         if req.is_chat:
             yield _sse(protocol.chunk(req, rid, model, first=True))
         while True:
-            event = await job.events.get()
+            event = await job.next_event()
             if isinstance(event, Piece):
                 yield _sse(protocol.chunk(req, rid, model, event.text))
             elif isinstance(event, Finished):
@@ -419,7 +447,7 @@ class Api:
 
 async def _finished(job: Job) -> Finished:
     while True:
-        event = await job.events.get()
+        event = await job.next_event()
         if isinstance(event, Finished):
             return event
         if isinstance(event, Failed):
@@ -436,21 +464,17 @@ async def server_error(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(500, "internal server error (details are in the server log)"))
 
 
-def _absorb(signum: int, frame: Any) -> None:
-    """Stands in for the default action of SIGTERM/SIGINT while uvicorn runs (see :func:`run`)."""
-
-
 def run(gen: Any, config: ServeConfig = ServeConfig(), announce: Callable[[str], None] | None = None) -> None:
     """Serve ``gen`` until SIGTERM or Ctrl+C; returns normally after a graceful stop. ``announce`` receives
-    one line (model id, method, URL) once the warm-up generation has passed.
+    one line (model id, method, URL) once the warm-up generation has passed and the port is bound.
 
     On the signal uvicorn stops accepting, lets in-flight requests finish for ``drain_timeout_s`` and
     cancels the rest; then the app's lifespan stops the generator thread."""
     warm_up(gen, config)
     app = create_app(gen, config)
-    if announce is not None:
-        announce(f"serving {app.state.model!r} ({gen.resolve_method(config.method)}) at {base_url(config)}")
-    serve_http(app, config)
+    method = gen.resolve_method(config.method)
+    serve_http(app, config, None if announce is None else
+               lambda url: announce(f"serving {app.state.model!r} ({method}) at {url}"))
 
 
 def warm_up(gen: Any, config: ServeConfig) -> None:
@@ -459,26 +483,7 @@ def warm_up(gen: Any, config: ServeConfig) -> None:
     gen.generate("Hello", config.options, max_new_tokens=2)
 
 
-def base_url(config: ServeConfig) -> str:
+def base_url(config: ServeConfig, port: int | None = None) -> str:
+    """The API's URL on ``config.host`` and ``port`` (default ``config.port``)."""
     host = f"[{config.host}]" if ":" in config.host else config.host
-    return f"http://{host}:{config.port}/v1"
-
-
-def serve_http(app: Any, config: ServeConfig) -> None:
-    """Run the ASGI ``app`` on ``config.host:config.port`` until SIGTERM or Ctrl+C, then drain as :func:`run` says."""
-    import uvicorn
-
-    if not is_loopback(config.host) and config.api_key is None:
-        log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
-                    config.host)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"))
-    # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:
-    # a handler that does nothing makes that a no-op, so a stopped server exits 0 (systemd and Docker read
-    # death-by-signal as a failure).
-    previous = {sig: signal.signal(sig, _absorb) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return f"http://{host}:{config.port if port is None else port}/v1"

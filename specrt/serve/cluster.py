@@ -30,18 +30,8 @@ from starlette.types import Message, Receive, Scope, Send
 from ..bundle.manifest import load_manifest
 from ..demo import BUNDLE
 from ..errors import ClusterError, ConfigError
-from .app import (
-    ServeConfig,
-    _sse,
-    _until_disconnect,
-    authorize,
-    base_url,
-    create_app,
-    error_response,
-    read_body,
-    serve_http,
-    warm_up,
-)
+from .app import ServeConfig, _sse, _until_disconnect, authorize, create_app, error_response, read_body, warm_up
+from .connections import check_port, serve_http
 from .metrics import ServeMetrics
 from .protocol import ApiError
 
@@ -133,6 +123,13 @@ class Replica:
     async def __del__(self) -> None:
         if hasattr(self, "_lifespan"):  # Ray calls this after a failed __init__ too
             await self._lifespan.__aexit__(None, None, None)
+
+    def check_health(self) -> None:
+        """Ray's periodic health check: a generator stuck on one request (the app's ``/health`` answers 503 then)
+        fails it, and Ray replaces this replica."""
+        scheduler = self.app.state.scheduler
+        if scheduler.stuck:
+            raise RuntimeError("the generator is stuck: a request has held it long past --request-timeout")
 
     async def relay(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[list[Message]]:
         """The app's answer to one request (``scope`` without its server-side objects, the whole ``body``), as
@@ -236,7 +233,7 @@ class Ingress:
     async def _relay(self, wire: dict[str, Any], body: bytes, send: Send, disconnected: asyncio.Future) -> bool:
         """One send to a replica. False: its replica died before the answer started, so it may be sent again."""
         from ray.exceptions import RayActorError
-        from ray.serve.exceptions import BackPressureError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
         answer = self.handle.options(stream=True).relay.remote(wire, body)
         held: list[Message] = []
@@ -268,13 +265,17 @@ class Ingress:
             if not ended and (started or held):  # the app broke off without a last body part
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return started or bool(held)
-        except RayActorError:
+        except (RayActorError, ReplicaUnavailableError):  # the replica died, or Ray's router knows it gone
             if not started:
                 log.warning("a replica died before answering: sending the request again")
                 return False
             lost = ApiError(503, "the replica generating this stream stopped: send the request again",
                             code="replica_lost")
             await send({"type": "http.response.body", "body": _sse(lost.body()), "more_body": False})
+            return True
+        except DeploymentUnavailableError:  # no replica runs (they failed to start): a resend would fail alike
+            await send_error(send, ApiError(503, "no replica is running: retry later", code="replicas_unavailable",
+                                            headers={"Retry-After": "1"}))
             return True
         except BackPressureError:  # raised before any replica took the request
             await send_error(send, ApiError(429, "every replica's queue is full: retry later", code="queue_full",
@@ -404,6 +405,7 @@ def run_cluster(bundle: str | None, load: dict[str, Any], config: ServeConfig, c
         bundle = os.path.abspath(bundle)  # the same path on every node: a replica's working folder is Ray's
     if cluster.address is None:
         load_manifest(bundle if bundle is not None else BUNDLE)  # replicas run here: a bad bundle fails before Ray
+    check_port(config.host, config.port)  # a port in use fails now, not after the replicas have started
     _connect(ray, cluster, config.log_level)
     name, deployed = app_name(model), False
     try:
@@ -437,14 +439,17 @@ def run_cluster(bundle: str | None, load: dict[str, Any], config: ServeConfig, c
         _wait_running(serve, name, cluster.start_timeout_s)
         handle = serve.get_app_handle(name)
         hint = _metrics_hint(ray)
-        if announce is not None:
-            gcs = ray.get_runtime_context().gcs_address
-            where = f"a local Ray instance ({gcs})" if cluster.address is None else f"the Ray cluster at {gcs}"
-            count = (f"{cluster.replicas} replicas" if cluster.min_replicas is None
-                     else f"{cluster.min_replicas}-{cluster.max_replicas} replicas (autoscaling)")
-            announce(f"serving {model!r} with {count} on {where} at {base_url(config)}")
-            announce(hint)
-        serve_http(Ingress(handle, config, cluster.attempts, hint), config)
+        gcs = ray.get_runtime_context().gcs_address
+        where = f"a local Ray instance ({gcs})" if cluster.address is None else f"the Ray cluster at {gcs}"
+        count = (f"{cluster.replicas} replicas" if cluster.min_replicas is None
+                 else f"{cluster.min_replicas}-{cluster.max_replicas} replicas (autoscaling)")
+
+        def listening(url: str) -> None:  # once the port is bound: a port in use is an error, not this line
+            if announce is not None:
+                announce(f"serving {model!r} with {count} on {where} at {url}")
+                announce(hint)
+
+        serve_http(Ingress(handle, config, cluster.attempts, hint), config, listening)
     finally:
         _stop(ray, serve, name if deployed else None, local=cluster.address is None)
 

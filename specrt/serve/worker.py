@@ -3,8 +3,10 @@
 The generator is not thread-safe and serves one sequence at a time (batch size 1, the edge norm), so a
 single worker thread owns it and takes jobs from a bounded FIFO. A job hands its events (start, text
 pieces, end) to the event loop that waits for them through ``loop.call_soon_threadsafe``; the web side
-never touches the generator. Cancelling a job (its client went away, or the server stops) takes it out
-of the queue at once, or stops its generation at the next piece the generator yields, i.e. the next step.
+never touches the generator. Cancelling a job (its client went away, the server stops, or the job ran
+past its wall-clock limit) takes it out of the queue at once, or stops its generation at the next piece the
+generator yields, i.e. the next step. A generator that does not come back from a step long after its job's
+limit is reported as stuck (:attr:`Scheduler.stuck`): ``/health`` fails, so a supervisor can replace it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from .metrics import ServeMetrics
 from .protocol import ApiError, GenerationRequest
 
 log = logging.getLogger("specrt.serve")
+
+# A cancelled generation stops at its next step; one that has not stopped this long after its job's deadline is
+# not coming back (a template or a backend call that never returns). Generous: one prefill on a small board can
+# take several seconds, and a false alarm gets a healthy replica replaced.
+STUCK_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,29 @@ class QueueFull(Exception):
     """The bounded queue holds ``max_queue`` waiting requests already."""
 
 
+def timed_out(timeout_s: float) -> ApiError:
+    """What a request past its wall-clock limit ends with, queued or generating."""
+    return ApiError(504, f"the request took longer than the server's limit of {timeout_s:g} s (--request-timeout)",
+                    code="request_timeout")
+
+
 @dataclass(eq=False)
 class Job:
     """A request in the queue or on the generator; ``events`` is read on the event loop only."""
 
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
+    timeout_s: float = math.inf  # wall clock from submission to the last event (--request-timeout)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+
+    @property
+    def deadline(self) -> float:
+        return self.submitted + self.timeout_s
+
+    def expired(self) -> bool:
+        return time.perf_counter() > self.deadline
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
@@ -69,6 +90,15 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the loop has closed: nobody is left to read it
             self.cancelled.set()
+
+    async def next_event(self) -> Event:
+        """The next event, or :func:`timed_out` once the deadline has passed (the job is cancelled then, so the
+        generator drops it at its next step). Called on the event loop."""
+        try:
+            return await asyncio.wait_for(self.events.get(), max(0.0, self.deadline - time.perf_counter()))
+        except asyncio.TimeoutError:
+            self.cancelled.set()
+            return Failed(timed_out(self.timeout_s))
 
 
 def _hide(message: str, secrets: tuple[str, ...]) -> str:
@@ -86,8 +116,9 @@ class Scheduler:
     generated."""
 
     def __init__(self, gen: Any, max_queue: int, metrics: ServeMetrics,
-                 options: DecodeOptions = DecodeOptions()) -> None:
+                 options: DecodeOptions = DecodeOptions(), stuck_after_s: float = STUCK_GRACE_S) -> None:
         self.gen, self.max_queue, self.metrics, self.options = gen, max_queue, metrics, options
+        self.stuck_after_s = stuck_after_s  # past a running job's deadline: see :attr:`stuck`
         self._waiting: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._running: Job | None = None
@@ -133,6 +164,12 @@ class Scheduler:
     def busy(self) -> bool:
         return self._running is not None
 
+    @property
+    def stuck(self) -> bool:
+        """The generator has held one job ``stuck_after_s`` past that job's deadline: it will not serve again."""
+        job = self._running
+        return job is not None and time.perf_counter() > job.deadline + self.stuck_after_s
+
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what is queued and running, and wait for the thread (blocking: call it off the loop)."""
         with self._cond:
@@ -162,7 +199,10 @@ class Scheduler:
             t0 = time.perf_counter()
             self.metrics.busy.set(1)
             try:
-                if not job.cancelled.is_set():
+                if job.expired():  # its whole time went by in the queue
+                    job.cancelled.set()
+                    job.emit(Failed(timed_out(job.timeout_s)))
+                elif not job.cancelled.is_set():
                     self.metrics.queue_wait.observe(t0 - job.submitted)
                     self._run(job)
             finally:
@@ -190,21 +230,11 @@ class Scheduler:
         pieces: Iterator[str] | None = None
         try:
             n_prompt, pieces = self._pieces(job.request)
-            # The first step runs before the job reports it started: errors raised by the generator's checks or
-            # its first step (a prompt beyond the context, a bad setting) still become a plain 400.
-            first = next(pieces, None)
-            job.emit(Started(n_prompt))
-            if first is not None:
-                self.metrics.first_token.observe(time.perf_counter() - job.submitted)
-                job.emit(Piece(first))
-            for piece in pieces:
-                if job.cancelled.is_set():
-                    break
-                job.emit(Piece(piece))
-            if job.cancelled.is_set():  # checked once more: the last piece may have come after the cancel
+            if not self._emit_pieces(job, n_prompt, pieces):
                 self.metrics.generations.labels(finish="cancelled").inc()
-                # Read only when the server, not the client, cancelled it (shutdown): the client hears why.
-                job.emit(Failed(ApiError(503, "the generation was cancelled: the server is shutting down")))
+                # Read only when the server, not the client, ended it (shutdown, the time limit): it hears why.
+                job.emit(Failed(timed_out(job.timeout_s) if job.expired() else
+                                ApiError(503, "the generation was cancelled: the server is shutting down")))
                 return
             result = pieces.result
             self.metrics.record(n_prompt, result)
@@ -221,3 +251,24 @@ class Scheduler:
         finally:
             if pieces is not None and hasattr(pieces, "close"):
                 pieces.close()  # a generation stopped early releases its generator frame here, on this thread
+
+    def _emit_pieces(self, job: Job, n_prompt: int, pieces: Iterator[str]) -> bool:
+        """Send ``Started`` and the text pieces until the generation ends (True), or the job is cancelled or its
+        time is up (False).
+
+        ``pieces`` is iterated once, by one ``for``: a generation that yields nothing (a stop string at its very
+        start) is simply an empty answer."""
+        started = False
+        for piece in pieces:
+            if not started:
+                # Sent after the first step: errors raised by the generator's checks or its first step (a prompt
+                # beyond the context, a bad setting) still become a plain 400 instead of a broken 200.
+                started = True
+                job.emit(Started(n_prompt))
+                self.metrics.first_token.observe(time.perf_counter() - job.submitted)
+            job.emit(Piece(piece))
+            if job.cancelled.is_set() or job.expired():
+                return False
+        if not started:
+            job.emit(Started(n_prompt))
+        return True
