@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import time
@@ -110,15 +109,6 @@ def bundle_model_id(bundle: str | Path | None, config: ServeConfig) -> str:
 
     folder = Path(bundle if bundle is not None else BUNDLE).resolve()
     return "specrt-demo" if folder == BUNDLE.resolve() else folder.name
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def authorize(request: Request, api_key: str | None) -> None:
@@ -481,9 +471,3 @@ def warm_up(gen: Any, config: ServeConfig) -> None:
     """One short generation before requests come: a method the bundle cannot run (medusa without heads, draft
     without a draft model) fails here as a one-line error, and the sessions' first-run costs are paid."""
     gen.generate("Hello", config.options, max_new_tokens=2)
-
-
-def base_url(config: ServeConfig, port: int | None = None) -> str:
-    """The API's URL on ``config.host`` and ``port`` (default ``config.port``)."""
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    return f"http://{host}:{config.port if port is None else port}/v1"

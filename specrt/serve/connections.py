@@ -10,6 +10,7 @@ header ``header_timeout_s`` after it opened, or after its last request's first b
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -105,6 +106,20 @@ def _absorb(signum: int, frame: Any) -> None:
     """Stands in for the default action of SIGTERM/SIGINT while uvicorn runs (see :func:`serve_http`)."""
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def base_url(host: str, port: int) -> str:
+    """The API's URL on ``host`` and ``port``."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
 def serve_http(app: Any, config: Any, on_listening: Callable[[str], None] | None = None) -> None:
     """Run the ASGI ``app`` on ``config.host:config.port`` (a :class:`~specrt.serve.app.ServeConfig`) until SIGTERM
     or Ctrl+C. ``on_listening`` gets the base URL once the port is bound, before the first request is read.
@@ -113,8 +128,6 @@ def serve_http(app: Any, config: Any, on_listening: Callable[[str], None] | None
     rest; then the app's lifespan stops what it started."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    from .app import base_url, is_loopback
 
     if not is_loopback(config.host) and config.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches this address can use the model",
@@ -129,7 +142,7 @@ def serve_http(app: Any, config: Any, on_listening: Callable[[str], None] | None
         limit_concurrency=config.max_connections + 1, timeout_keep_alive=max(1, round(config.header_timeout_s)),
         timeout_graceful_shutdown=config.drain_timeout_s))
     if on_listening is not None:
-        on_listening(base_url(config, port))
+        on_listening(base_url(config.host, port))
     # After its graceful shutdown uvicorn re-raises the signal it caught, with the handler it found at start:
     # a handler that does nothing makes that a no-op, so a stopped server exits 0 (systemd and Docker read
     # death-by-signal as a failure).
