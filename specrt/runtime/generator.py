@@ -44,15 +44,20 @@ class Stream(Iterator[str]):
     def __init__(self, pieces: Generator[str, None, GenerationResult]) -> None:
         self._pieces = pieces
         self._result: GenerationResult | None = None
+        self._done = False
 
     def __iter__(self) -> "Stream":
         return self
 
     def __next__(self) -> str:
+        # A finished generator raises a bare StopIteration on every later next(): without this guard a second
+        # iteration (or `for` after `next`) would overwrite the kept result with None.
+        if self._done:
+            raise StopIteration
         try:
             return next(self._pieces)
         except StopIteration as end:
-            self._result = end.value
+            self._result, self._done = end.value, True
             raise
 
     @property
@@ -63,8 +68,9 @@ class Stream(Iterator[str]):
         return self._result
 
     def close(self) -> None:
-        """Stop early: the generation's frame is released (no result)."""
+        """Stop early: the generation's frame is released (no result, unless it had finished already)."""
         self._pieces.close()
+        self._done = True
 
 
 class _TextTracker:
