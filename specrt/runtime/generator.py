@@ -13,6 +13,7 @@ import numpy as np
 from ..bundle import safety
 from ..bundle.machine import cpu_name
 from ..bundle.manifest import Manifest, load_manifest
+from ..bundle.tokenizer_file import tokenizer_text
 from ..errors import BundleError, ConfigError, ContextLengthError
 from .backends import Decoder, create_decoder, create_heads
 from .backends.onnxruntime import share_threads
@@ -144,8 +145,10 @@ class SpeculativeGenerator:
         m = self.manifest
         safety.fits_in_memory(safety.kv_cache_bytes(m.max_context, [(e.dims, e.dtype) for e in m.models.values()]),
                               f"the KV cache of bundle {self.bundle} at its max context of {m.max_context}")
+        # The text whose cost was bounded, not the file again: a small tokenizer.json can cost gigabytes to build.
+        text = tokenizer_text(self.bundle / m.tokenizer.file, m.target.dims.vocab_size)
         try:
-            self.tokenizer = Tokenizer.from_file(str(self.bundle / self.manifest.tokenizer.file))
+            self.tokenizer = Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception on a corrupt file
             raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
         self.decoders: dict[str, Decoder] = {
