@@ -125,6 +125,23 @@ def test_a_bad_medusa_tree_is_refused_in_one_line(tmp_path, case):
     _refused_in_one_line(bundle, message, "medusa")
 
 
+def test_an_id_past_the_embedding_fails_in_one_line_naming_the_graph(llama_bundle, tmp_path):
+    """The tokenizer adds tokens past the model's 336 rows (tokenizers numbers them on from its 320): nothing in the
+    manifest says so, and ONNX Runtime's failure in the first pass is one line naming the graph."""
+    bundle = _copy(llama_bundle, tmp_path)
+    tok = json.loads((bundle / "tokenizer.json").read_text())
+    tok["added_tokens"] += [{"id": 320 + i, "content": f"<p{i}>", "single_word": False, "lstrip": False,
+                             "rstrip": False, "normalized": False, "special": True} for i in range(20)]
+    _replace(bundle / "tokenizer.json", json.dumps(tok))
+    gen = specrt.load(bundle, threads=1)
+    assert gen.encode("<p19>")[-1] == 339
+    with pytest.raises(BundleError, match=r"^ONNX Runtime could not run target.onnx: .*out of data bounds") as e:
+        gen.generate("<p19>", max_new_tokens=2, method="none")
+    assert "\n" not in str(e.value)
+    res = CliRunner().invoke(main, ["run", "<p19>", "--bundle", str(bundle), "--max-new-tokens", "2"])
+    assert res.exit_code == 1 and "Traceback" not in res.output and "Error: ONNX Runtime could not run" in res.output
+
+
 def test_valid_manifests_still_load_unchanged(llama_bundle, tmp_path):
     """Old optional fields absent, nulls where they are optional: what export wrote before keeps loading."""
     bundle = _copy(llama_bundle, tmp_path)

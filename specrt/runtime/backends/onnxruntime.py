@@ -21,7 +21,7 @@ from ...bundle import contract as C
 from ...bundle.manifest import ModelEntry
 from ...errors import BundleError
 from ..kvcache import KVCache
-from .base import DecoderOutput, register_backend
+from .base import DecoderOutput, check_threads, register_backend
 from .cuda import CudaMemory, DeviceKVCache, DeviceMemory
 from .summary import SummaryLogits, row_readers, summary_buffers
 
@@ -109,6 +109,12 @@ def low_memory_options(opts) -> list[str]:
     return ["ConstantFolding", "FuseFp16InitializerToFp32NodeTransformer"]
 
 
+# ONNX Runtime's log severity for specrt's sessions: fatal only. ORT logs a failing node (a coloured
+# "[E:onnxruntime:...] Non-zero status code returned while running ..." line on stderr) and then raises the
+# same message, which specrt turns into its one-line error; severity 3 (error) printed both.
+QUIET = 4
+
+
 # The width of the process's shared intra-op pool (ORT's global thread pool) once share_threads made it.
 _shared_pool: dict[str, int] = {}
 _PER_SESSION_REFUSED = "use_per_session_threads must be false"  # ORT's words once a global pool exists
@@ -126,6 +132,7 @@ def share_threads(threads: int | None) -> int:
     :func:`specrt.load`). A later call keeps the first width."""
     import onnxruntime as ort
 
+    threads = check_threads(threads)
     if "threads" not in _shared_pool:
         try:
             ort.set_global_thread_pool_sizes(threads or 0, 1)
@@ -160,7 +167,7 @@ def _session(path: Path, threads: int | None, helper: bool = False, plan: Memory
     def options(shared: bool):
         opts = session_options(shared)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
+        opts.log_severity_level = QUIET
         if not shared:
             opts.intra_op_num_threads = threads or 0
             if helper:
@@ -183,16 +190,33 @@ def _session(path: Path, threads: int | None, helper: bool = False, plan: Memory
                 raise
             return create(True)  # other code of this process made ORT's global pool: every session must use it
     except Exception as e:  # onnxruntime raises its own untyped errors for bad files
-        raise BundleError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+        raise BundleError(f"cannot load {path}: {one_line(e)}") from None
+
+
+def one_line(error: Exception, limit: int = 400) -> str:
+    """ONNX Runtime's message on one line: its shape errors spread the figures that matter over several."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def run_graph(run, file: str, *args):
+    """``run(*args)`` (a session's run), its failure one line naming the graph: a graph that does not run as its
+    manifest says (a shape the manifest could not tell, an id past its embedding) is the bundle's fault."""
+    try:
+        return run(*args)
+    except Exception as e:  # ORT's own untyped errors (Fail, InvalidArgument, RuntimeException)
+        raise BundleError(f"ONNX Runtime could not run {file}: {one_line(e)}") from None
 
 
 class OrtHeads:
     def __init__(self, bundle_dir: Path, file: str, threads: int | None = None) -> None:
         self.session = _session(Path(bundle_dir) / file, threads, helper=True)
         self.input = self.session.get_inputs()[0]
+        self.file = file
 
     def __call__(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ids, logprobs = self.session.run(None, {self.input.name: hidden.astype(np.dtype(self.dtype), copy=False)})
+        ids, logprobs = run_graph(self.session.run, self.file, None,
+                                  {self.input.name: hidden.astype(np.dtype(self.dtype), copy=False)})
         return ids, logprobs
 
     @property
@@ -365,7 +389,7 @@ class OrtDecoder:
                    self.summary.logits_buffer(rows), output=True)
         outputs = {C.EAGLE_TAPS: views[C.EAGLE_TAPS]} if C.EAGLE_TAPS in views else {}
         t0 = time.perf_counter()
-        self.session.run_with_iobinding(b.binding)
+        run_graph(self.session.run_with_iobinding, self.entry.file, b.binding)
         engine_s = time.perf_counter() - t0
         # On the CUDA provider the host-bound outputs are copied down by ORT.
         on_device = self.kv_device == "cuda"
