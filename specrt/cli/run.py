@@ -16,6 +16,7 @@ from .options import (
     low_memory_option,
     method_option,
     sampling_options,
+    seed_option,
     threads_option,
     tree_option,
 )
@@ -38,7 +39,7 @@ from .options import (
 @gamma_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @sampling_options
-@click.option("--seed", type=int, default=0, show_default=True)
+@seed_option
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--stats", is_flag=True, help="Print acceptance, tokens per target pass, c and speedups to stderr.")
 @click.option("--baseline", is_flag=True,
@@ -74,6 +75,9 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         raise click.UsageError("give either PROMPT or --chat MESSAGE")
     if system_message is not None and chat_message is None:
         raise click.UsageError("--system needs --chat")
+    options = DecodeOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance,
+                            eagle_tree=eagle_tree, draft_stop=draft_stop, row_stable=row_stable)  # checked before loading
     gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory,
                       shared_threads=thread_pool == "shared")
     if chat_message is not None:
@@ -82,9 +86,6 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
         stream = functools.partial(gen.stream_chat, messages)
     else:
         stream = functools.partial(gen.stream, prompt)
-    options = DecodeOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance,
-                            eagle_tree=eagle_tree, draft_stop=draft_stop, row_stable=row_stable)
     pieces = stream(options)
     if as_json:
         result = pieces.result
@@ -132,6 +133,13 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
               help="Largest request body in bytes; larger ones get 413.")
 @click.option("--drain-timeout", type=float, default=30.0, show_default=True,
               help="On SIGTERM: seconds in-flight requests get to finish before they are cancelled.")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True, metavar="SECONDS",
+              help="Wall-clock limit of one request, queue included; past it: 504, and the generator moves on.")
+@click.option("--max-connections", type=int, default=128, show_default=True,
+              help="Open HTTP connections; the next one gets 503 and is closed.")
+@click.option("--header-timeout", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="A connection that has not sent a complete request header this long after it opened (or "
+                   "after its last answer) is closed.")
 @backend_option
 @threads_option
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
@@ -153,7 +161,8 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
           row_stable: bool, tree_shape: str,
           eagle_tree: str,
           max_queue: int, reuse_prefix: bool,
-          api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float, backend: str,
+          api_key: str | None, model_name: str | None, max_body: int, drain_timeout: float,
+          request_timeout: float, max_connections: int, header_timeout: float, backend: str,
           threads: int | None, thread_pool: str, log_level: str, low_memory: bool | None, replicas: int | None,
           min_replicas: int | None, max_replicas: int | None, ray_address: str | None, replica_gpus: float) -> None:
     """Serve the bundle with OpenAI's HTTP API (needs `pip install 'specrt[serve]'`).
@@ -194,7 +203,8 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
                          draft_stop=draft_stop, row_stable=row_stable, reuse_prefix=reuse_prefix,
                          max_queue=max_queue,
                          api_key=api_key, max_body_bytes=max_body, model_name=model_name,
-                         drain_timeout_s=drain_timeout, log_level=log_level)
+                         drain_timeout_s=drain_timeout, request_timeout_s=request_timeout,
+                         max_connections=max_connections, header_timeout_s=header_timeout, log_level=log_level)
     announce = functools.partial(click.echo, err=True)
     load = {"backend": backend, "threads": threads, "low_memory": low_memory, "shared_threads": thread_pool == "shared"}
     if replicas is None and min_replicas is None and max_replicas is None and ray_address is None:

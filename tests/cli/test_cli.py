@@ -94,6 +94,8 @@ def test_run_tree_method_and_bad_shape(close_bundle):
 
 
 @pytest.mark.parametrize("args,match", [
+    (["run", "hi", "--seed", "-1"], "seed must be an integer in [0, 2^63 - 1], got -1"),
+    (["run", "hi", "--seed", str(2**63)], "seed must be"),
     (["run", "hi", "--temperature", "inf"], "temperature must be a number in [0, 2] (0: greedy), got inf"),
     (["run", "hi", "--temperature", "2.5"], "got 2.5"), (["run", "hi", "--temperature", "nan"], "got nan"),
     (["bench", "--temperature", "inf"], "temperature must be"),
@@ -103,8 +105,8 @@ def test_run_tree_method_and_bad_shape(close_bundle):
     (["bench", "--threads", "-2"], "got -2")])
 def test_out_of_range_values_are_one_line_before_any_bundle_loads(tmp_path, args, match):
     """The Python API's rules (the server's for temperature and seed), checked as the command line is parsed:
-    the missing bundle is never reached. Once: --temperature inf accepted, --threads -2 accepted and 100000 a
-    hang."""
+    the missing bundle is never reached. Once: --seed -1 a traceback, --temperature inf accepted, --threads -2
+    accepted and 100000 a hang."""
     if args[0] != "plan":
         args = [*args, "--bundle", str(tmp_path / "nope")]
     res = invoke(*args)
