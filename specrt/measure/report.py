@@ -30,12 +30,12 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
         t.add_row("tree nodes per pass" if tree else "mean gamma", _fmt(st.mean_gamma, ".2f"), "")
         t.add_row("accepted per depth", "", " ".join(f"{x:.2f}" for x in st.accepted_per_depth[:8]))
         t.add_row("c (draft pass / target pass)", _fmt(st.c), "")
-    if st.paused_steps:
-        t.add_row("drafting paused", f"{st.paused_steps}/{st.target_passes - 1}", "steps whose lookup was not verified: "
-                  "at its measured acceptance no prefix beat a plain step's cost")
         if st.predicted_speedup is not None and not tree:
             t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
                       "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
+    if st.paused_steps:
+        t.add_row("drafting paused", f"{st.paused_steps}/{st.target_passes - 1}", "steps whose lookup was not verified: "
+                  "at its measured acceptance no prefix beat a plain step's cost")
     t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")
     if measured_speedup is not None:
         t.add_row("measured speedup", f"{measured_speedup:.2f}x", "vs --method none, same prompt and backend")

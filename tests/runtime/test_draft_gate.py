@@ -70,3 +70,15 @@ def test_sampled_output_stays_the_target_s_whatever_the_gate_decides(close, monk
     assert set(counts) <= set(exact)
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
     assert tv < np.sqrt(27 / n), tv  # E[TV] <= 0.5 sqrt(27 / n) for 27 outcomes; a bias shifts far more
+
+
+def test_stats_name_the_paused_steps_beside_the_usual_rows(close, monkeypatch, capsys):
+    from specrt.measure.report import print_stats
+
+    monkeypatch.setattr(type(close), "verify_costs", lambda self, rows=0: DEAR)
+    st = close.generate("print(i)\nprint(i)\nprint(i", max_new_tokens=40, method="ngram", temperature=1.0,
+                        seed=0).stats
+    assert st.paused_steps
+    print_stats(st, "CPUExecutionProvider")
+    err = capsys.readouterr().err
+    assert f"drafting paused │ {st.paused_steps}/{st.target_passes - 1} │" in " ".join(err.split())
