@@ -14,10 +14,12 @@ TensorProto.name 8, .external_data 13, .data_location 14; StringStringEntryProto
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Iterator
 
 from ..errors import BundleError
 
@@ -108,9 +110,10 @@ def _walk(buf: memoryview, kind: str, start: int, end: int, depth: int, found: l
             _walk(buf, children[number], value[0], value[1], depth + 1, found)
 
 
-def external_locations(path: Path) -> list[tuple[str, str]]:
-    """(tensor name, external data location) of every tensor ``path`` stores outside itself."""
-    found: list[tuple[str, str]] = []
+@contextlib.contextmanager
+def mapped_model(path: Path) -> Iterator[memoryview]:
+    """``path``'s bytes, memory-mapped for a wire-format walk; a :class:`Malformed` raised while walking them, an
+    empty file or one that cannot be read is one BundleError line."""
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -118,13 +121,20 @@ def external_locations(path: Path) -> list[tuple[str, str]]:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 buf = memoryview(mapped)
                 try:
-                    _walk(buf, "model", 0, len(buf), 0, found)
+                    yield buf
                 finally:
                     buf.release()
     except Malformed:
         raise BundleError(f"{path.name} is not an ONNX model (its protobuf does not parse)") from None
     except OSError as e:
         raise BundleError(f"cannot read {path}: {e.strerror}") from None
+
+
+def external_locations(path: Path) -> list[tuple[str, str]]:
+    """(tensor name, external data location) of every tensor ``path`` stores outside itself."""
+    found: list[tuple[str, str]] = []
+    with mapped_model(path) as buf:
+        _walk(buf, "model", 0, len(buf), 0, found)
     return found
 
 

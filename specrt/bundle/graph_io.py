@@ -12,14 +12,12 @@ check of names and types (an ONNX Runtime session's, in one line).
 
 from __future__ import annotations
 
-import mmap
-import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
 from .contract import TensorSpec
-from .external_data import Malformed, fields
+from .external_data import fields, mapped_model
 
 Shape = tuple["int | str", ...]
 
@@ -57,25 +55,13 @@ def _shape(buf: memoryview, start: int, end: int) -> Shape | None:
 def graph_io(path: Path) -> tuple[dict[str, Shape | None], dict[str, Shape | None]]:
     """(inputs, outputs) of the ONNX graph at ``path``: tensor name -> declared shape."""
     found: tuple[dict, dict] = ({}, {})
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise Malformed
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                buf = memoryview(mapped)
-                try:
-                    graph = _one(buf, 0, len(buf), 7)
-                    for n, wire, value in fields(buf, *graph) if graph else ():
-                        if n in (11, 12) and wire == 2:
-                            name = _one(buf, *value, 1)
-                            key = bytes(buf[name[0]:name[1]]).decode("utf-8", "replace") if name else ""
-                            found[n - 11][key] = _shape(buf, *value)
-                finally:
-                    buf.release()
-    except Malformed:
-        raise BundleError(f"{path.name} is not an ONNX model (its protobuf does not parse)") from None
-    except OSError as e:
-        raise BundleError(f"cannot read {path}: {e.strerror}") from None
+    with mapped_model(path) as buf:
+        graph = _one(buf, 0, len(buf), 7)
+        for n, wire, value in fields(buf, *graph) if graph else ():
+            if n in (11, 12) and wire == 2:
+                name = _one(buf, *value, 1)
+                key = bytes(buf[name[0]:name[1]]).decode("utf-8", "replace") if name else ""
+                found[n - 11][key] = _shape(buf, *value)
     return found
 
 
