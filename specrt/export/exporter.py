@@ -186,6 +186,7 @@ class RoleJob:
     token_limit: int
     path: Path
     eagle: Any = None  # the target's EAGLE-3 head (eagle_export.HeadInfo), None: no head, no taps
+    shown: str = ""  # how progress names the source ("": its path)
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -198,7 +199,7 @@ def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
     graph outputs the head's taps, checked against Hugging Face's hidden states, and the head's graph is
     written beside it (``head``: eagle_export.HeadExport, else None; the taps reference None without a
     head). Everything PyTorch holds is garbage once this returns."""
-    with reporter.step(f"Loading {job.role} {job.source}"):
+    with reporter.step(f"Loading {job.role} {job.shown or job.source}"):
         model = load_causal_lm(job.source, job.options.dtype)
         adapter = adapter_for(model.config.model_type)(model, fused=job.fused, positions=job.max_context)
         dims = adapter.dims()
@@ -234,8 +235,11 @@ class _Sources:
 
 
 def export_bundle(target: str, draft: str | None, out: str | Path, options: ExportOptions = ExportOptions(),
-                  reporter: Reporter = SilentReporter(), eagle: str | None = None) -> Manifest:
+                  reporter: Reporter = SilentReporter(), eagle: str | None = None,
+                  shown: dict[str, str] | None = None) -> Manifest:
     """Export ``target`` and ``draft`` to ``out``; the folder appears only once every check has passed.
+    ``shown``: how progress names a role's source and the bundle ("target", "draft", "bundle"; default: their
+    paths), for a caller that works in folders of its own (the pipeline's GGUF staging).
 
     ``eagle`` (or ``options.eagle``): an EAGLE-3 head folder for the target, checked against it before
     anything is written."""
@@ -262,11 +266,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         medusa = None
         cases = ParityCases.draw(len(sources.tokenizers["target"]), sources.max_context)
         for role in sources.paths:
-            entries.update(_export_role(role, sources, options, cases, head_info, tmp, reporter))
+            entries.update(_export_role(role, sources, options, cases, head_info, tmp, reporter,
+                                        (shown or {}).get(role, "")))
             if role == "target" and options.medusa:
                 with reporter.step(f"Exporting Medusa heads {options.medusa}"):
                     medusa = _export_medusa(Path(options.medusa), tmp, entries["target"].dims, options)
-        with reporter.step(f"Writing bundle {out}"):
+        with reporter.step(f"Writing {(shown or {}).get('bundle', f'bundle {out}')}"):
             tokenizer = sources.tokenizer
             sources.tokenizers["target"].backend_tokenizer.save(str(tmp / "tokenizer.json"))
             if tokenizer.chat_template:
@@ -301,13 +306,13 @@ def _read_sources(paths: dict[str, str], options: ExportOptions) -> _Sources:
 
 
 def _export_role(role: str, sources: _Sources, options: ExportOptions, cases: ParityCases, head_info: Any,
-                 tmp: Path, reporter: Reporter) -> dict[str, ModelEntry]:
+                 tmp: Path, reporter: Reporter, shown: str = "") -> dict[str, ModelEntry]:
     """One model traced (in a child process where ``options`` isolate it), rewritten for its graph kind and
     checked against PyTorch: its manifest entry, and the EAGLE-3 head's when the target carries one."""
     src, config = sources.paths[role], sources.configs[role]
     job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(config.model_type), config),
                   max_context=sources.max_context, cases=cases, token_limit=len(sources.tokenizers["target"]),
-                  path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None)
+                  path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None, shown=shown)
     if options.isolate_for(src):
         dims, reference, golden, taps_reference, head = run_isolated(torch_side, (job,), reporter)
     else:

@@ -60,12 +60,14 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
         for role, path in ggufs.items():
             sources[role] = _staged_gguf(path, work / f"{role}-hf", reporter)
         keep = tuple((role, str(path)) for role, path in ggufs.items() if _keeps_blocks(quantize, role) and has_blocks(path))
+        names = {role: p.name for role, p in ggufs.items()}  # progress names the GGUFs, not their staged folders
         if quantize is None and not keep:  # float GGUFs (F32 / F16 / BF16), no --quantize: a float bundle
-            manifest = export_bundle(sources["target"], sources["draft"], out, options, reporter)
+            manifest = export_bundle(sources["target"], sources["draft"], out, options, reporter, shown=names)
         else:
             quantize = (replace(quantize, gguf=keep) if quantize is not None else
                         QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, force=options.force, gguf=keep))
-            export_bundle(sources["target"], sources["draft"], work / "bundle", options, reporter)
+            shown = {"bundle": "the float bundle, quantized next", **names}  # not the hidden work folder's path
+            export_bundle(sources["target"], sources["draft"], work / "bundle", options, reporter, shown=shown)
             manifest = quantize_bundle(work / "bundle", out, quantize, progress=progress)
         if ggufs:  # the bundle names the GGUF it came from, not the hidden folder it was read into
             models = {role: replace(e, source=str(ggufs[role].resolve())) if role in ggufs else e

@@ -216,6 +216,8 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "-o", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "Q4_1+Q8_0 blocks of tiny.gguf kept" in result.output and "done:" in result.output
+    assert "Writing the float bundle, quantized next" in result.output and "Loading target tiny.gguf" in result.output
+    assert ".b.float-" not in result.output  # the hidden work folder is the pipeline's business
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-quantize", "none",
                                        "-o", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
