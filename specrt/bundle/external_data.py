@@ -18,10 +18,11 @@ import contextlib
 import mmap
 import os
 import stat
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Iterator
 
 from ..errors import BundleError
+from .safety import climbs_out
 
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 _MAX_DEPTH = 64  # subgraphs inside subgraphs: far past any real model, short of Python's recursion limit
@@ -142,9 +143,7 @@ def check_external_data(graph: Path, folder: Path) -> None:
     """Refuse a graph whose external data is not a regular file inside ``folder`` (the bundle), links resolved."""
     root = folder.resolve()
     for tensor, location in external_locations(graph):
-        posix, windows = PurePosixPath(location), PureWindowsPath(location)
-        if (not location or "\x00" in location or posix.is_absolute() or windows.is_absolute() or windows.drive
-                or ".." in posix.parts or ".." in windows.parts):
+        if not location or "\x00" in location or climbs_out(location):
             raise BundleError(f"{graph.name}: tensor {tensor!r} keeps its data at {location!r}, outside the bundle: "
                               "external data must be a relative path inside the bundle's folder")
         target = (graph.parent / location).resolve()

@@ -27,13 +27,20 @@ MAX_CONTEXT = 1 << 21
 MAX_BUNDLE_ENTRIES = 10_000  # files and folders scanned for links leading out
 
 
+def climbs_out(name: str) -> bool:
+    """Whether ``name`` leaves the folder it is read in before links are resolved: absolute (POSIX or Windows, a
+    drive), or through ``..``. The one test for every path a bundle names: manifest files, graphs' external data."""
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    return (posix.is_absolute() or windows.is_absolute() or bool(windows.drive)
+            or ".." in posix.parts or ".." in windows.parts)
+
+
 def inside(folder: Path, name: object, what: str) -> Path:
     """``folder / name`` for a file the manifest names; refused unless ``name`` is a relative path that
     stays inside ``folder`` once symlinks are resolved."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise BundleError(f"the manifest's {what} must be a file name inside the bundle, got {name!r}")
-    posix, windows = PurePosixPath(name), PureWindowsPath(name)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or ".." in posix.parts or ".." in windows.parts:
+    if climbs_out(name):
         raise BundleError(f"the manifest's {what} {name!r} points outside the bundle: bundle files are named by "
                           "relative paths inside its folder")
     path = folder / name
