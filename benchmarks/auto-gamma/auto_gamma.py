@@ -39,14 +39,15 @@ CURRENT = loop.AutoGamma.update
 
 def step_mean_update(self: loop.AutoGamma, step: StepRecord) -> int:
     """AutoGamma.update as it was: α̂ an EMA of each step's mean beta."""
+    alpha = getattr(self, "step_mean_alpha", None)  # its own α̂ beside the pooled one the class keeps
     if step.betas:
-        self.alpha = self._ema(self.alpha, float(np.mean(step.betas)))
+        alpha = self.step_mean_alpha = theory.moving_average(alpha, float(np.mean(step.betas)), self.weight)
     if step.verify_s > 0:
         t_draft_pass = step.draft_s / step.draft_passes if step.draft_passes else 0.0
         one_row = step.verify_s / theory.verify_cost_at(self.verify_costs, step.proposed + 1)
-        self.c = self._ema(self.c, t_draft_pass / one_row)
-    if self.alpha is not None:
-        self.gamma = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs)
+        self.c = theory.moving_average(self.c, t_draft_pass / one_row, self.weight)
+    if alpha is not None:
+        self.gamma = theory.optimal_gamma(min(alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs)
     return self.gamma
 
 

@@ -114,6 +114,24 @@ def tree_step(s: DecodeState, max_depth: int, typical: bool = False) -> tuple[li
             StepRecord(len(tree.tokens), len(path), betas, tree.passes, t1 - t0, t2 - t1))
 
 
+class PooledAlpha:
+    """α̂ from betas pooled over positions: an EMA (``weight`` a step) of a step's Σβ over one of its count of
+    verified positions, a ratio of means (the mean of a step's betas is biased low for γ > 1: AutoGamma's
+    docstring). None until a beta is seen."""
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+        self.value: float | None = None
+        self._beta_sum: float | None = None
+        self._positions: float | None = None
+
+    def observe(self, betas: list[float]) -> None:
+        if betas:
+            self._beta_sum = theory.moving_average(self._beta_sum, float(sum(betas)), self.weight)
+            self._positions = theory.moving_average(self._positions, float(len(betas)), self.weight)
+            self.value = self._beta_sum / self._positions
+
+
 class AutoGamma:
     """γ from the measured α and c: after every step, γ = optimal_gamma(α̂, ĉ, v) where α̂ is the ratio of
     exponential moving averages (weight 0.3 a step) of a step's Σ Σmin(p, q) over its verified positions and
@@ -136,24 +154,20 @@ class AutoGamma:
         start = start if start is not None else 4 if verify_costs is None else 1
         self.gamma, self.max_gamma, self.weight = start, max_gamma, weight
         self.verify_costs = verify_costs
-        self.alpha: float | None = None
+        self._alpha = PooledAlpha(weight)
         self.c: float | None = None
-        self._beta_sum: float | None = None  # EMAs of a step's Σβ and of its count of verified positions
-        self._positions: float | None = None
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return theory.moving_average(old, new, self.weight)
+    @property
+    def alpha(self) -> float | None:
+        return self._alpha.value
 
     def update(self, step: StepRecord) -> int:
-        if step.betas:  # Σβ and positions averaged apart: a ratio of means, not a mean of ratios
-            self._beta_sum = self._ema(self._beta_sum, float(sum(step.betas)))
-            self._positions = self._ema(self._positions, float(len(step.betas)))
-            self.alpha = self._beta_sum / self._positions
+        self._alpha.observe(step.betas)
         if step.verify_s > 0:
             t_draft_pass = step.draft_s / step.draft_passes if step.draft_passes else 0.0
             # the verify pass had proposed + 1 rows
-            self.c = self._ema(self.c, theory.draft_cost(t_draft_pass, step.verify_s, step.proposed + 1,
-                                                         self.verify_costs))
+            self.c = theory.moving_average(self.c, theory.draft_cost(t_draft_pass, step.verify_s, step.proposed + 1,
+                                                         self.verify_costs), self.weight)
         if self.alpha is not None:
             best = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs)
             self.gamma = min(best, 2 * self.gamma + 1)
@@ -173,16 +187,15 @@ class DraftGate:
     never turns verification off."""
 
     def __init__(self, verify_costs: tuple[float, ...] | None, weight: float = 0.3) -> None:
-        self.verify_costs, self.weight = verify_costs, weight
-        self.alpha: float | None = None
-        self._beta_sum: float | None = None
-        self._positions: float | None = None
+        self.verify_costs = verify_costs
+        self._alpha = PooledAlpha(weight)
+
+    @property
+    def alpha(self) -> float | None:
+        return self._alpha.value
 
     def observe(self, betas: list[float]) -> None:
-        if betas:
-            self._beta_sum = theory.moving_average(self._beta_sum, float(sum(betas)), self.weight)
-            self._positions = theory.moving_average(self._positions, float(len(betas)), self.weight)
-            self.alpha = self._beta_sum / self._positions
+        self._alpha.observe(betas)
 
     def keep(self, k: int) -> int:
         """How many of ``k`` proposed tokens to verify: 0 when no prefix is expected to beat a plain step."""
