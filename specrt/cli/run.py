@@ -23,11 +23,11 @@ from .options import (
 
 
 @main.command()
-@click.argument("prompt", required=False)
-@click.option("--chat", "chat_message", metavar="MESSAGE",
-              help="Chat with an instruct model instead of continuing PROMPT: MESSAGE is the user's turn, rendered "
+@click.argument("prompt")
+@click.option("--chat", is_flag=True,
+              help="Chat with an instruct model instead of continuing PROMPT: PROMPT is the user's turn, rendered "
                    "with the bundle's chat template (exported from the tokenizer); the reply streams until the "
-                   "model's end-of-turn token.")
+                   "model's end-of-turn token. A flag, as in bench, plan and verify.")
 @click.option("--system", "system_message", metavar="TEXT",
               help="With --chat: a system message before the user's (not every template accepts one).")
 @bundle_option
@@ -49,14 +49,14 @@ from .options import (
 @backend_option
 @threads_option
 @low_memory_option
-def run(prompt: str | None, chat_message: str | None, system_message: str | None, bundle: str | None, method: str,
+def run(prompt: str, chat: bool, system_message: str | None, bundle: str | None, method: str,
         acceptance: str, tree_shape: str, eagle_tree: str, gamma: int | str, draft_stop: float, row_stable: bool,
         max_new_tokens: int,
         temperature: float, top_k: int,
         top_p: float, seed: int, stop: tuple[str, ...], stats: bool, baseline: bool, as_json: bool, backend: str,
         threads: int | None, thread_pool: str, low_memory: bool | None) -> None:
-    """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout. With --chat
-    MESSAGE (instead of PROMPT), reply to MESSAGE as the instruct model's assistant.
+    """Generate a continuation of PROMPT with exact speculative decoding, streaming it to stdout. With --chat,
+    reply to PROMPT as the instruct model's assistant.
 
     The output is distributed exactly as the target model's own (greedy: identical tokens); the draft only changes
     how many tokens each target pass yields.
@@ -71,18 +71,16 @@ def run(prompt: str | None, chat_message: str | None, system_message: str | None
     """
     from ..runtime.options import DecodeOptions
 
-    if (prompt is None) == (chat_message is None):
-        raise click.UsageError("give either PROMPT or --chat MESSAGE")
-    if system_message is not None and chat_message is None:
+    if system_message is not None and not chat:
         raise click.UsageError("--system needs --chat")
     options = DecodeOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             seed=seed, method=method, gamma=gamma, stop=stop, tree=tree_shape, acceptance=acceptance,
                             eagle_tree=eagle_tree, draft_stop=draft_stop, row_stable=row_stable)  # checked before loading
     gen = load_bundle(bundle, backend=backend, threads=threads, low_memory=low_memory,
                       shared_threads=thread_pool == "shared")
-    if chat_message is not None:
+    if chat:
         messages = ([{"role": "system", "content": system_message}] if system_message is not None else []) + [
-            {"role": "user", "content": chat_message}]
+            {"role": "user", "content": prompt}]
         stream = functools.partial(gen.stream_chat, messages)
     else:
         stream = functools.partial(gen.stream, prompt)

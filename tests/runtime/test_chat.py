@@ -240,13 +240,22 @@ def test_cli_run_chat(chat_bundle, chat_gen):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["hello", "--chat", "hi"], "either PROMPT or --chat"), ([], "either PROMPT or --chat"),
+    ([], "Missing argument 'PROMPT'"), (["--chat"], "Missing argument 'PROMPT'"),
     (["hello", "--system", "be nice"], "--system needs --chat")])
 def test_cli_run_chat_usage_errors(args, match):
     res = CliRunner().invoke(main, ["run", *args])
     assert res.exit_code == 2 and match in res.output
 
 
+def test_chat_is_a_flag_that_never_swallows_an_option(chat_bundle, chat_gen):
+    """`run --chat --method none MSG` once took "--method" as the message; a flag reads PROMPT wherever it stands."""
+    expected = chat_gen.chat([MESSAGES[1]], max_new_tokens=6, method="none")
+    res = CliRunner().invoke(main, ["run", "--chat", "--method", "none", "--max-new-tokens", "6",
+                                    "--bundle", str(chat_bundle), MESSAGES[1]["content"]])
+    assert res.exit_code == 0, res.output
+    assert res.output == expected.text + "\n"
+
+
 def test_cli_help_teaches_chat():
     out = CliRunner().invoke(main, ["run", "--help"]).output
-    assert "--chat MESSAGE" in out and "--system TEXT" in out and 'specrt run --chat "' in out
+    assert "--chat " in out and "--chat MESSAGE" not in out and "--system TEXT" in out and 'specrt run --chat "' in out
