@@ -293,13 +293,15 @@ def eagle() -> None:
 @click.option("--heldout", "heldout_fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=0.1, show_default=True, metavar="FRACTION",
               help="Share of the prompts held out whole: the target answers each once, greedily, and the head's "
-                   "acceptance before and after is measured on those replies. They are written first and never "
-                   "cut, so under a short --time-limit a smaller share leaves more of it for training.")
+                   "acceptance before and after is measured on those replies. They are written first, within a "
+                   "quarter of the time a --time-limit leaves for replies.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
-              help="Fit the whole run in this much wall time: the target writes prompts and replies for about half "
-                   "of it (held-out replies first, whole), then timed steps set how many training steps fit before "
-                   "the held-out check and the save; --sequences and --steps become upper bounds. A run that "
-                   "overruns its plan stops at the limit and saves the head it has.")
+              help="Fit the whole run, reading the target included, in this much wall time: the target writes "
+                   "prompts and replies for about half of it (held-out replies first, within their own share; a "
+                   "batch running at its deadline stops there), then timed steps set how many training steps fit "
+                   "before the held-out check and the save; --sequences and --steps become upper bounds. A limit "
+                   "below what the run needs at the least is refused before anything is generated. It says what it "
+                   "expects before training, and warns after it when the head is too weak to pay.")
 def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_file: str | None, steps: int,
                 draft_vocab: int, num_sequences: int, seq_len: int, batch_size: int, ttt_steps: int, lr: float,
                 seed: int, resume: bool, keep_checkpoint: bool, init: str | None, compute: str,
@@ -335,7 +337,7 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
     click.echo(f"eagle train: on {where}, {resolve_compute(compute, where)} matmuls", err=True)
     with rich_progress() as progress:
         record = train_eagle(model, output, cfg, prompts=prompts, data_files=data_files, progress=progress,
-                             resume=resume)
+                             resume=resume, say=lambda line: click.echo(line, err=True))
     held, before = record["heldout"], record["heldout_init"]
     replies = record["data"].get("sequences_heldout")
     click.echo(f"wrote {output}: held-out greedy acceptance of the first draft {held['alpha1']:.3f} (from "
@@ -348,6 +350,12 @@ def eagle_train(model: str, output: str, data_files: tuple[str, ...], prompts_fi
                    "(or fewer steps over it), or keep the old one", err=True)
     for line in _limits_said(record):
         click.echo(line)
+    if record.get("verdict"):
+        from ..export.eagle.forecast import verdict_line
+
+        weak = verdict_line(record["verdict"], held)
+        if weak:
+            click.echo(weak, err=True)
     if self_prompts:
         click.echo(f"the target wrote {record['data']['prompts_written']} of the {self_prompts} prompts asked for: "
                    f"{Path(output) / WRITTEN_NAME}")
@@ -399,4 +407,9 @@ def _limits_said(record: dict) -> list[str]:
         said.append(f"steps: {ran} of the {record['config']['steps']} allowed, planned {plan['steps']} at "
                     f"{plan['step_s']:.2f} s a step to end within {plan['minutes']:g} min"
                     + (", stopped at the limit" if plan["stopped_at_step"] is not None else ""))
+        cut = [f"{part} ({why.get(by, by)})" for part, by in plan.get("data_stopped", {}).items() if by]
+        if plan.get("replies_cut_short"):
+            cut.append(f"{plan['replies_cut_short']} replies cut part-written")
+        if cut:
+            said.append("data stopped early: " + ", ".join(cut))
     return said

@@ -2,11 +2,13 @@
 (``--time-limit``), and the host memory and disk the data cache needs.
 
 Under a limit the run is sized by what it measures instead of by guesses: the target writes prompts and replies
-until its share of the limit is spent (held-out replies first, always whole), then a few training steps timed on a
-copy price a token row, the batches to come (known in advance) say how many steps fit before the held-out check
-and the save, and the learning-rate schedule is laid over those steps. A run that overruns its plan anyway stops
-at the limit and saves the head it has. Without a limit the data still stops where the host's memory or the
-cache's disk would run out, rather than failing after hours of generating."""
+until its share of the limit is spent (held-out replies first, within their own share of it), each batch cut
+token-step by token-step at its deadline, then a few training steps timed on a copy price a token row, the
+batches to come (known in advance) say how many steps fit before the held-out check and the save, and the
+learning-rate schedule is laid over those steps. A run that overruns its plan anyway stops at the limit and saves
+the head it has. A limit below what the run needs at the least is refused before anything is generated
+(:mod:`.forecast`). Without a limit the data still stops where the host's memory or the cache's disk would run
+out, rather than failing after hours of generating."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ import torch
 
 DATA_SHARE = 0.5  # of the limit: prompts, replies and the cache; the rest trains, checks and saves
 PROMPT_SHARE = 1 / 3  # of the data share: self-written prompts, so replies to them get the rest
+HELDOUT_SHARE = 0.25  # of the time left for replies when they start: the held-out replies and text windows (uncut,
+# 397 held-out replies took 2.5 of a 15-minute SmolLM2 run's 5 minutes of replies: performance/smollm2-eagle3-cpu.md)
+MIN_NEW = 4  # tokens each row of a batch writes before a deadline may cut it: a reply cut shorter teaches little,
+# and the first batches (held-out, training) must leave something to train and check on
 PROBE_STEPS = 4  # steps timed on a copy (the first untimed) before a time-limited run plans its step count
 STEP_MARGIN = 1.05  # checkpoints, and batches the timed steps did not sample (SmolLM2, CPU: real ones ran 4 % over)
 EVAL_MARGIN = 1.1  # the final held-out check against the first one, timed (its head is the saved copy)
@@ -30,6 +36,11 @@ EVAL_FRACTION = 0.8  # a held-out batch's cost against a training step's on as m
 SAVE_S = 10.0  # the head's files, training.json and removing the cache
 MEMORY_USE = 0.8  # of the memory available when generating starts
 DISK_USE = 0.9  # of the disk free where the cache is saved
+
+
+def clock() -> float:
+    """The clock every deadline here is a reading of (``time.perf_counter``); tests put a fake one in its place."""
+    return time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class TimeLimit:
         return self.start + self.seconds
 
     def left(self) -> float:
-        return self.end - time.perf_counter()
+        return self.end - clock()
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,12 @@ class DataLimits:
     bound_by: str | None = None
 
     def out_of_time(self) -> bool:
-        return self.until is not None and time.perf_counter() >= self.until
+        return self.until is not None and clock() >= self.until
+
+    def heldout_until(self, now: float) -> float | None:
+        """The held-out replies' and windows' deadline when replies start at ``now``: HELDOUT_SHARE of what is
+        left of the data's time (none without a limit; at ``now`` when the data's time is already spent)."""
+        return None if self.until is None else now + HELDOUT_SHARE * max(0.0, self.until - now)
 
 
 def row_bytes(seq_len: int, target_hidden: int, topk: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError, OutputPathError
-from .budget import DataLimits
+from . import budget
+from .budget import MIN_NEW, DataLimits
 from .generate import TargetSequence, check_logits_are_lm_head, continue_prompts, model_device, teacher_forced
 from .prompts import MESSAGE_TOKENS, with_bos, write_prompts
 from .train_config import EagleTrainConfig
@@ -126,38 +127,83 @@ def _length_batches(rows: list[int], encoded: dict[int, list[int]], size: int) -
     return [rows[lo:lo + size] for lo in range(0, len(rows), size)]
 
 
-def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
-                     end_ids: list[int], taps: Sequence[int], progress: Progress, written: Sequence[str] = (),
-                     limits: DataLimits = DataLimits()) -> tuple[list[TargetSequence], list[TargetSequence], dict]:
-    """Whole prompts and documents are held out, so no held-out sequence shares a prefix with a training one.
-    Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation
-    each, the runtime's greedy chain exactly, generated first, so ``limits`` never cut them. ``written`` (the
-    target's own prompts) are split apart, so the seed prompts' split is the same with or without them.
-    Training batches stop (after the first) where ``limits`` say; under a time limit, or where the memory or
-    disk bound would cut them, they go round the prompts one reply each per round, batches in a seeded order,
-    so a cut leaves every prompt within one reply of the rest and no length favoured. (Text windows are read
-    whole.)"""
+@dataclass
+class _Plan:
+    """Which prompts and documents train and which are held out (whole, so no held-out sequence shares a prefix with
+    a training one), and the prompts' ids (those that leave room for a reply in seq_len)."""
+
+    groups: list[tuple[str, str]]  # ("prompt" | "doc", text)
+    train_groups: list[int]
+    held_list: list[int]
+    encoded: dict[int, list[int]]
+
+    @property
+    def train_prompts(self) -> list[int]:
+        return [i for i in self.train_groups if i in self.encoded]
+
+    @property
+    def held_prompts(self) -> list[int]:
+        return [i for i in self.held_list if i in self.encoded]
+
+    def docs(self, held: bool) -> int:
+        return sum(1 for i in (self.held_list if held else self.train_groups) if self.groups[i][0] == "doc")
+
+
+def _plan(tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
+          written: Sequence[str] = ()) -> _Plan:
+    """The split and the prompts' ids; ``written`` (the target's own prompts) are split apart, so the seed prompts'
+    split is the same with or without them."""
     groups = [("prompt", p) for p in prompts] + [("doc", d) for d in docs] + [("prompt", p) for p in written]
     train_groups, held_list = _split(len(groups) - len(written), cfg.heldout_fraction, cfg.seed)
     if written:
         more = _split(len(written), cfg.heldout_fraction, cfg.seed) if len(written) > 1 else ([0], [])
         base = len(groups) - len(written)
         train_groups, held_list = train_groups + [base + i for i in more[0]], held_list + [base + i for i in more[1]]
-    held_groups = set(held_list)
     encoded: dict[int, list[int]] = {}
     for i, (kind, text) in enumerate(groups):
         if kind == "prompt":
             ids = _encode_prompt(tok, text, cfg.chat_template)
             if len(ids) + 1 < cfg.seq_len:  # else no room for a continuation: skipped
                 encoded[i] = ids
-    train_prompts = [i for i in train_groups if i in encoded]
+    return _Plan(groups, train_groups, held_list, encoded)
+
+
+def first_batches(tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str], size: int
+                  ) -> tuple[dict[str, int], float]:
+    """Token rows the target reads at the least before training (:mod:`.forecast`'s minimum), {"heldout", "train"}:
+    the first batch of each side's replies (``size`` rows of its shortest prompts, each writing ``MIN_NEW`` tokens
+    before a deadline may cut it) and of its text windows (``cfg.batch_size`` windows of at most ``seq_len``),
+    which run whatever the deadlines; and the mean length of the training sequences they make."""
+    plan = _plan(tok, cfg, prompts, docs)
+    rows, seqs = {}, {}
+    for name, side, held in (("heldout", plan.held_prompts, True), ("train", plan.train_prompts, False)):
+        lengths = sorted(len(plan.encoded[i]) for i in side)[:size]
+        windows = min(cfg.batch_size, plan.docs(held))  # (a document: one window or more)
+        rows[name] = sum(lengths) + MIN_NEW * len(lengths) + windows * cfg.seq_len
+        seqs[name] = len(lengths) + windows
+    return rows, rows["train"] / max(1, seqs["train"])
+
+
+def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Sequence[str], docs: Sequence[str],
+                     end_ids: list[int], taps: Sequence[int], progress: Progress, written: Sequence[str] = (),
+                     limits: DataLimits = DataLimits()) -> tuple[list[TargetSequence], list[TargetSequence], dict]:
+    """Training prompts get continuations at ``cfg.temperature``; held-out prompts one greedy continuation each,
+    the runtime's greedy chain exactly, generated first (they draw no random numbers, so the training replies are
+    the same draws with or without a limit). Under a time limit the held-out replies and windows stop at their own
+    deadline (``DataLimits.heldout_until``), the training ones at ``limits.until``: no batch but each side's first
+    starts after it, and a batch running when it passes stops within MIN_NEW token steps (``continue_prompts``),
+    its rows keeping what they wrote. Training batches also stop where the memory or disk bound says; under a
+    time limit, or where such a bound would cut them, they go round the prompts one reply each per round, batches
+    in a seeded order, so a cut leaves every prompt within one reply of the rest and no length favoured."""
+    plan = _plan(tok, cfg, prompts, docs, written)
+    encoded, held_groups, train_prompts = plan.encoded, set(plan.held_list), plan.train_prompts
     per_prompt = 1 if cfg.temperature == 0 else math.ceil(cfg.num_sequences / max(1, len(train_prompts)))
     # one row per continuation, batched across prompts; held-out prompts get one greedy row each
     size = gen_batch(model_device(model))
-    held_batches = _length_batches([i for i in held_list if i in encoded], encoded, size)
+    held_batches = _length_batches(plan.held_prompts, encoded, size)
     rows = [i for i in train_prompts for _ in range(per_prompt)]
     held_rows = sum(len(b) for b in held_batches)
-    least = held_rows + min(size, len(rows))  # never cut: held-out, one training batch
+    least = held_rows + min(size, len(rows))  # the most the memory bound cannot cut: held-out, one training batch
     if limits.max_rows is not None and least > limits.max_rows:
         raise ConfigError(f"eagle train: the held-out replies and one batch of training replies ({least} sequences "
                           f"of up to {cfg.seq_len} tokens) need more {limits.bound_by} than this host has (room for "
@@ -167,53 +213,60 @@ def _build_sequences(model: Any, tok: Any, cfg: EagleTrainConfig, prompts: Seque
     else:
         train_batches = [b for r in range(per_prompt) for b in _shuffled(_length_batches(train_prompts, encoded, size),
                                                                         cfg.seed * 1_000_003 + r)]
-    batches = [(0.0, b) for b in held_batches] + [(cfg.temperature, b) for b in train_batches]
-    train, held, cut = _generate(model, batches, len(held_batches), encoded, held_groups, cfg, end_ids, taps, limits,
-                                 progress)
+    windows = _text_windows(tok, plan.groups, held_groups, cfg.seq_len)
+    n_text, total = len(windows[False]) + len(windows[True]), held_rows + len(rows)
+    gen = torch.Generator().manual_seed(cfg.seed)  # greedy rows draw nothing: held-out first leaves the rest as was
+    held_until = limits.heldout_until(budget.clock())
+    held, held_cut, short = _generate(model, held_batches, 0.0, gen, encoded, cfg, end_ids, taps, held_until,
+                                      DataLimits(), progress, 0, total)
+    held_windows = teacher_forced(model, windows[True], taps, cfg.batch_size, progress, 0, n_text, held_until)
+    train, cut, short_train = _generate(model, train_batches, cfg.temperature, gen, encoded, cfg, end_ids, taps,
+                                        limits.until, limits, progress, held_rows, total)
     made = len(train)
-    windows = _text_windows(tok, groups, held_groups, cfg.seq_len)
-    n_text = len(windows[False]) + len(windows[True])
-    train += teacher_forced(model, windows[False], taps, cfg.batch_size, progress, 0, n_text)
-    held += teacher_forced(model, windows[True], taps, cfg.batch_size, progress, len(windows[False]), n_text)
+    train_windows = teacher_forced(model, windows[False], taps, cfg.batch_size, progress, len(held_windows), n_text,
+                                   limits.until)
+    train, held = train + train_windows, held + held_windows
     skipped = len(prompts) + len(written) - len(encoded)
     if not train or not held:
         raise ConfigError("eagle train: no training or no held-out sequences remain (prompts that leave no room "
                           f"in seq_len {cfg.seq_len} are skipped: {skipped} were)")
+    windows_cut = len(held_windows) + len(train_windows) < n_text
     info = {"prompts": len(prompts) + len(written), "prompts_written": len(written), "documents": len(docs),
-            "prompts_skipped": skipped,
-            "prompts_train": len(train_prompts), "prompts_heldout": sum(1 for i in held_list if i in encoded),
-            "documents_heldout": sum(1 for i in held_list if groups[i][0] == "doc"),
-            "text_windows": len(windows[False]) + len(windows[True]), "continuations_per_prompt": per_prompt,
-            "continuations_asked": len(rows), "continuations_made": made, "generation_cut": cut}
+            "prompts_skipped": skipped, "prompts_train": len(train_prompts), "prompts_heldout": len(plan.held_prompts),
+            "documents_heldout": plan.docs(True), "text_windows": len(held_windows) + len(train_windows),
+            "text_windows_cut": "time" if windows_cut else None, "continuations_per_prompt": per_prompt,
+            "continuations_asked": len(rows), "continuations_made": made, "generation_cut": cut,
+            "heldout_replies_asked": held_rows, "heldout_replies_made": len(held) - len(held_windows),
+            "heldout_cut": held_cut, "replies_cut_short": short + short_train}
     return train, held, info
 
 
-def _generate(model: Any, batches: list[tuple[float, list[int]]], held_batches: int, encoded: dict[int, list[int]],
-              held_groups: set[int], cfg: EagleTrainConfig, end_ids: list[int], taps: Sequence[int],
-              limits: DataLimits, progress: Progress) -> tuple[list[TargetSequence], list[TargetSequence], str | None]:
-    """The target's continuation of every row of ``batches`` ((temperature, prompt indices), held-out ones first),
-    split into training and held-out sequences; training batches after the first stop where ``limits`` say (the
-    reason returned, else None)."""
-    gen = torch.Generator().manual_seed(cfg.seed)  # greedy rows draw nothing: held-out first leaves the rest as was
-    total = sum(len(b) for _, b in batches)
-    train: list[TargetSequence] = []
-    held: list[TargetSequence] = []
-    done, cut = 0, None
-    for k, (temperature, batch) in enumerate(batches):
-        if k > held_batches:  # past the first training batch
-            if limits.out_of_time():
+def _generate(model: Any, batches: list[list[int]], temperature: float, gen: torch.Generator,
+              encoded: dict[int, list[int]], cfg: EagleTrainConfig, end_ids: list[int], taps: Sequence[int],
+              until: float | None, limits: DataLimits, progress: Progress, done: int, total: int
+              ) -> tuple[list[TargetSequence], str | None, int]:
+    """The target's continuation of every row of ``batches`` (prompt indices) at ``temperature``: batches after the
+    first start only before ``until`` and within ``limits.max_rows`` (counting from ``done``), and each stops
+    within MIN_NEW token steps once ``until`` passes. Returns the sequences, why the batches stopped early
+    ("time", or ``limits.bound_by``; None) and how many replies a deadline cut short."""
+    seqs: list[TargetSequence] = []
+    cut, short = None, 0
+    for k, batch in enumerate(batches):
+        if k:
+            if until is not None and budget.clock() >= until:
                 cut = "time"
             elif limits.max_rows is not None and done + len(batch) > limits.max_rows:
                 cut = limits.bound_by
             if cut:
                 progress("generate", done, done, None)
                 break
-        replies = continue_prompts(model, [encoded[i] for i in batch], cfg.seq_len, temperature, end_ids, gen, taps)
-        for i, seq in zip(batch, replies):
-            (held if i in held_groups else train).append(seq)
+        replies = continue_prompts(model, [encoded[i] for i in batch], cfg.seq_len, temperature, end_ids, gen, taps,
+                                   until, budget.MIN_NEW)
+        seqs += replies
+        short += sum(q.cut for q in replies)
         done += len(batch)
         progress("generate", done, total, None)
-    return train, held, cut
+    return seqs, cut, short
 
 
 def _text_windows(tok: Any, groups: list[tuple[str, str]], held_groups: set[int], seq_len: int
@@ -337,11 +390,12 @@ def vocab_coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
 def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: Any, cfg: EagleTrainConfig,
           prompts: Sequence[str], docs: Sequence[str], end_ids: list[int], taps: Sequence[int],
           report: Progress, vocab: tuple[torch.Tensor, torch.Tensor] | None = None, compute: str = "float32",
-          limits: DataLimits = DataLimits()) -> dict:
+          limits: DataLimits = DataLimits(), before: Callable[[Any], None] | None = None) -> dict:
     """The run's cache: read back when resuming, else generated, cached and saved (atomically) at ``path``.
     ``vocab``: (d2t, t2d) to keep (a warm start's head's), else chosen from the training data. ``compute``:
     the target's decoder's precision while it generates (``generating``). ``limits``: where generating stops
-    early (``eagle_budget``)."""
+    early (``eagle_budget``). ``before(writer)``: called with the target as it generates before anything is
+    generated (a time limit's check that the run fits: it may raise)."""
     if resume and path.is_file():
         cached = torch.load(path, weights_only=True)
         if cached["fingerprint"] != fingerprint:
@@ -352,13 +406,18 @@ def load_or_build(path: Path, fingerprint: str, resume: bool, model: Any, tok: A
     check_logits_are_lm_head(model, _encode_prompt(tok, sample, cfg.chat_template))
     t0 = time.perf_counter()
     writer = generating(model, compute)
+    if before is not None:
+        before(writer)
     written = write_prompts(writer, tok, cfg.self_prompts, end_ids, torch.Generator().manual_seed(cfg.seed), taps,
                             exclude=prompts, batch=gen_batch(model_device(model)),
                             max_tokens=min(MESSAGE_TOKENS, cfg.seq_len // 2), progress=report,
                             until=limits.prompts_until) if cfg.self_prompts else []  # half the sequence for a reply
     times = {"prompts": time.perf_counter() - t0}
+    prompts_cut = len(written) < cfg.self_prompts and limits.prompts_until is not None and \
+        budget.clock() >= limits.prompts_until  # (else the target ended too few messages to write them all)
     train_seqs, held_seqs, info = _build_sequences(writer, tok, cfg, prompts, docs, end_ids, taps, report, written,
                                                    limits)
+    info["prompts_cut"] = "time" if prompts_cut else None
     times["generate"] = time.perf_counter() - t0 - times["prompts"]
     counts = token_counts([q.tokens[q.start + 1:] for q in train_seqs], model.config.vocab_size)  # what they predict
     if vocab is None:

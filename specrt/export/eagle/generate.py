@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ..progress import PhaseProgress
+from . import budget
 
 Progress = PhaseProgress
 
@@ -127,6 +128,7 @@ class TargetSequence:
     taps: torch.Tensor  # [len, 3·H_t] fp16
     final: torch.Tensor  # [len, H_t] fp32: the target's last hidden state, its LM head's input
     top1: torch.Tensor  # [len] int32: the target's argmax over the full vocabulary
+    cut: bool = False  # its reply was cut at a deadline (it had neither ended nor reached its length)
 
 
 def _states(out: Any, taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,12 +139,13 @@ def _states(out: Any, taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def continue_prompts(model: Any, prompts: Sequence[list[int]], max_len: int, temperature: float, end_ids: list[int],
-              gen: torch.Generator, taps: Sequence[int]) -> list[TargetSequence]:
+                     gen: torch.Generator, taps: Sequence[int], until: float | None = None, min_new: int = 0
+                     ) -> list[TargetSequence]:
     """One continuation of each of ``prompts`` (one row each; repeat a prompt for several), each up to
     ``max_len`` tokens in all and cut after its first end id, with the target's taps, last hidden state and
     argmax at every position, from the generating passes themselves (as the runtime's incremental passes
-    compute them): no second forward over the data.
-
+    compute them): no second forward over the data. ``until``: a ``budget.clock()`` reading past which no token
+    step runs once each row has written ``min_new``; rows still writing keep what they wrote, marked ``cut``.
     Rows of different lengths are left-padded, with the padding masked out and each row's positions
     counted from its own first token, so a row sees what it would alone (up to the float rounding of
     batched kernels); a row that ends leaves the batch (and its KV cache), so the rest run no wider. The
@@ -170,6 +173,7 @@ def continue_prompts(model: Any, prompts: Sequence[list[int]], max_len: int, tem
     ends = torch.tensor(end_ids or [-1])
     rows = torch.arange(n)  # the batch's rows, in cache order
     done = quota <= 0
+    cut = torch.zeros(n, dtype=torch.bool)
     step = 0
 
     def keep(which: torch.Tensor) -> None:
@@ -182,6 +186,9 @@ def continue_prompts(model: Any, prompts: Sequence[list[int]], max_len: int, tem
     while True:
         keep(~done[rows])
         if not len(rows):
+            break
+        if until is not None and step >= min_new and budget.clock() >= until:
+            cut[rows] = True  # each token so far has its states: the pass below ran for it
             break
         if temperature == 0:
             nxt = logits.argmax(-1).cpu()
@@ -208,18 +215,23 @@ def continue_prompts(model: Any, prompts: Sequence[list[int]], max_len: int, tem
         row = [x for x in new[r].tolist() if x >= 0]
         m, lo = len(prompt) + len(row), int(pad[r])
         result.append(TargetSequence(list(prompt) + row, len(prompt) - 1, tap_all[r, lo:lo + m].clone(),
-                           final_all[r, lo:lo + m].clone(), top1_all[r, lo:lo + m].clone()))
+                                     final_all[r, lo:lo + m].clone(), top1_all[r, lo:lo + m].clone(), bool(cut[r])))
     return result
 
 
 @torch.no_grad()
 def teacher_forced(model: Any, windows: list[list[int]], taps: Sequence[int], batch_size: int,
-                    progress: Progress | None = None, done: int = 0, total: int = 0) -> list[TargetSequence]:
+                   progress: Progress | None = None, done: int = 0, total: int = 0, until: float | None = None
+                   ) -> list[TargetSequence]:
     """Text windows as they are: one forward each (right-padded in batches: a causal target's real positions
     never see the padding). ``progress("text", done + windows so far, total)`` after each batch: on a CPU
-    a 135M target reads ~400 tokens/s, so half a million tokens of text take about 20 minutes."""
-    result = []
+    a 135M target reads ~400 tokens/s, so half a million tokens of text take about 20 minutes. ``until``: a
+    ``budget.clock()`` reading past which no further batch starts (the first always runs); fewer windows come
+    back then."""
+    result: list[TargetSequence] = []
     for lo in range(0, len(windows), batch_size):
+        if lo and until is not None and budget.clock() >= until:
+            break
         group = windows[lo:lo + batch_size]
         m = max(len(w) for w in group)
         ids = torch.tensor([w + [0] * (m - len(w)) for w in group], device=model_device(model))

@@ -9,13 +9,13 @@ another, and they read like chat requests (coherent or not: it is the model's ow
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ...errors import ConfigError
+from . import budget
 from .generate import continue_prompts
 
 MESSAGE_TOKENS = 96  # the longest user message kept; a row that has not ended its message by then is dropped
@@ -61,17 +61,19 @@ def write_prompts(model: Any, tok: Any, n: int, end_ids: Sequence[int], gen: tor
     user-turn prefix, in batches of ``batch`` rows; a message must end (an end id within ``max_tokens``), hold
     MIN_WORDS words and differ from the others and from ``exclude`` (case and spacing aside). Stops after
     DRAWS_PER_PROMPT · n rows, so a model that rarely ends its messages yields fewer. Reports
-    ``progress("prompts", kept, n, None)`` after each batch. ``until``: a ``time.perf_counter()`` reading after
-    which no further batch starts (the first always runs)."""
+    ``progress("prompts", kept, n, None)`` after each batch. ``until``: a ``budget.clock()`` reading after
+    which no further batch starts (the first always runs) and the batch running stops its token steps (its rows
+    that had not ended their message are dropped, as any unended row is)."""
     prefix, closers = user_turn(tok)
     ends = sorted(set(end_ids) | set(closers))
     seen = {_key(p) for p in exclude}
     kept: list[str] = []
     drawn = 0
     while len(kept) < n and drawn < DRAWS_PER_PROMPT * n and not (drawn and until is not None and
-                                                                 time.perf_counter() >= until):
+                                                                 budget.clock() >= until):
         rows = min(batch, DRAWS_PER_PROMPT * n - drawn)
-        for q in continue_prompts(model, [prefix] * rows, len(prefix) + max_tokens, TEMPERATURE, ends, gen, taps):
+        for q in continue_prompts(model, [prefix] * rows, len(prefix) + max_tokens, TEMPERATURE, ends, gen, taps,
+                                  until):
             message = q.tokens[len(prefix):]
             if not message or message[-1] not in ends:
                 continue  # cut off by max_tokens: half a request

@@ -4,7 +4,9 @@ Pipeline (``train_eagle``): seed prompts → the target's own continuations (plu
 cache of the target's three tap states and its top-k log-probabilities over the draft vocabulary → AdamW on
 the head with training-time test (``ttt_steps`` unrolled steps, each feeding the head's own output back as
 features, under the attention pattern the runtime's chain uses) → held-out acceptance → the head in the
-published layout (``save_eagle3``) and ``training.json``. Design, sources and the memory figures are in
+published layout (``save_eagle3``) and ``training.json`` (:mod:`.record`). A time limit bounds it all
+(:mod:`.budget`); what the run can be expected to give is said before it trains and judged after
+(:mod:`.forecast`). Design, sources and the memory figures are in
 docs/design/eagle3.md, section "Training".
 
 Alignment (as the runtime's, docs/design/eagle3.md): head row j pairs the target's taps at position j with
@@ -20,10 +22,10 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
@@ -31,28 +33,30 @@ from ...bundle.safety import write_atomic
 from ...errors import ConfigError, ModelLoadError, OutputPathError, TrainingDivergedError
 from .config import tap_layers
 from .head import Eagle3Head
+from . import budget, forecast as fc
 from .budget import TimeLimit, data_limits, in_order_tokens, padded_tokens, plan_training
-from .checkpoint import config_json, save_eagle3
+from .checkpoint import save_eagle3
 from .data import (
     BatchSampler,
     Progress,
     SequenceCache,
     data_fingerprint,
+    first_batches,
+    gen_batch,
     load_or_build,
     read_documents,
     save_atomic,
-    scored_rows,
     target_end_ids,
 )
 from .init import head_config, init_head, new_head, saved_copy
-from .prompts import user_turn
+from .prompts import DRAWS_PER_PROMPT, user_turn
 from .prune import COUNTS_NAME, write_counts
+from .record import Data, Run, Trained, TrainingRecord, build_record, token_rows
 from .train_config import EagleTrainConfig
 from .ttt import evaluate, ttt_loss
 from ..quant.gguf import find_gguf, stage_reused
 from ..precision import resolve_compute, resolve_device
 
-FORMAT_VERSION = 1
 RECORD_NAME = "training.json"
 WRITTEN_NAME = "prompts-written.json"  # --self-prompts' prompts
 WORK_DIR = ".train"  # inside out_dir: the data cache and the resumable checkpoint, removed at the end unless kept
@@ -94,89 +98,10 @@ def _training_fields(cfg: EagleTrainConfig) -> dict:
     return {k: v for k, v in asdict(cfg).items() if k not in _RESUME_FREE}
 
 
-def _versions() -> dict[str, str]:
-    import platform
-
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-class TrainingRecord(TypedDict):
-    """What ``train_eagle`` returns and writes as ``training.json``: JSON all through, so the file and the value agree.
-    The blocks below the top level are dicts of plain numbers (their keys: docs/design/eagle3.md, "Training")."""
-
-    format: int
-    target: str  # the folder or GGUF trained against
-    architecture: str
-    config: dict  # EagleTrainConfig as a dict
-    head: dict  # the saved head's config.json
-    taps: list[int]
-    tap_convention: str
-    end_ids: list[int]
-    draft_vocab_size: int
-    data: dict  # sequences, tokens, scored rows and cache bytes, train and held out
-    loss: dict  # weights of the unrolled steps, first / last / every step's weighted loss
-    heldout_init: dict  # held-out acceptance before training
-    heldout: dict  # ... and after, with the saved (dtype-rounded) head
-    resumed_from: int | None
-    compute: str
-    device: str
-    time_limit: dict | None  # the plan a --time-limit made, and where it stopped
-    time_s: dict
-    versions: dict
-
-
-@dataclass
-class _Run:
-    """One training run's inputs, checked and read: what every phase below needs."""
-
-    cfg: EagleTrainConfig
-    out: Path
-    work: Path  # out/.train: the data cache and the resumable checkpoint
-    source: Path  # the target's Hugging Face folder (a GGUF's, staged in work/)
-    gguf: Path | None
-    device: torch.device
-    compute: str
-    prompts: list[str]
-    docs: list[str]
-    target_config: Any
-    tok: Any
-    init: tuple | None  # init_head's (config, head, d2t, t2d) for a warm start
-    fingerprint: str
-    resume: bool
-    report: Progress
-
-
-@dataclass
-class _Data:
-    """The cached training data: the target's sequences, the draft vocabulary, and how long building it took."""
-
-    cached: dict  # load_or_build's record (its "info", "draft_counts", "written" are written beside the head)
-    train: SequenceCache
-    held: SequenceCache
-    d2t: torch.Tensor  # [draft_vocab] int64: draft id -> target id offset
-    t2d: torch.Tensor  # [vocab] bool: target ids in the draft vocabulary
-    times: dict
-
-
-@dataclass
-class _Trained:
-    """Where the optimisation ended: the loss history, the plan it kept and the held-out checks."""
-
-    start: int  # the step a resumed run began at (0: a fresh run)
-    history: list[list[float]]  # [steps][ttt_steps] unrolled losses of every step, a resumed run's earlier ones too
-    train_s: float
-    plan: dict
-    stopped_at: int | None  # the step a time limit stopped at
-    heldout_init: dict
-    heldout: dict
-
-
 def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 config: EagleTrainConfig = EagleTrainConfig(), prompts: Sequence[str] | None = None,
                 data_files: Sequence[str | os.PathLike] = (), progress: Progress | None = None, *,
-                resume: bool = False) -> TrainingRecord:
+                resume: bool = False, say: Callable[[str], None] | None = None) -> TrainingRecord:
     """Train an EAGLE-3 head for the frozen target in ``target_dir``; returns the training.json record.
 
     ``target_dir``: a local Hugging Face model folder or llama.cpp GGUF (nothing is downloaded). ``out_dir``: receives
@@ -191,6 +116,10 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     the same target, data and config (``checkpoint_every``, ``keep_checkpoint`` and ``dtype`` may differ),
     else start afresh; a resumed run ends with the same head as an uninterrupted one. A run that fails or
     is interrupted never leaves a half-written head: the head's files land by rename, after training.
+    ``say(line)``: what the run expects before it trains (``forecast.forecast_line``); the record's ``verdict``
+    holds whether the head pays, ``forecast.verdict_line`` the warning when it does not. A ``config.time_limit``
+    below what the run needs at the least is refused (``forecast.TimeLimitTooShortError``) before the target is
+    read when its size alone rules the limit out, else before anything is generated.
 
     Example (what ``specrt eagle train MODEL -o HEAD --data notes.txt --steps 500 --draft-vocab 8192`` runs)::
 
@@ -200,8 +129,8 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """
     if not isinstance(config, EagleTrainConfig):
         raise ConfigError(f"eagle train: config must be an EagleTrainConfig, got {type(config).__name__}")
-    t_start = time.perf_counter()  # a time limit counts from here: reading a GGUF is part of the run
-    run = _open(target_dir, out_dir, config, prompts, data_files, progress, resume)
+    t_start = budget.clock()  # a time limit counts from here: reading a GGUF is part of the run
+    run = _open(target_dir, out_dir, config, prompts, data_files, progress, resume, say, t_start)
     model, end_ids, taps = _load_target(run)
     with torch.random.fork_rng(devices=[]):
         limit = TimeLimit.minutes(run.cfg.time_limit, t_start)
@@ -211,16 +140,17 @@ def train_eagle(target_dir: str | os.PathLike, out_dir: str | os.PathLike,
         del model
         trained = _optimise(run, head, embed, data, limit)
     data.times["train"] = trained.train_s
-    record = _record(run, head_cfg, end_ids, taps, data, trained, t_start)
+    record = build_record(run, head_cfg, end_ids, taps, data, trained)
     _write(run, head_cfg, head, end_ids, data, record)
     return record
 
 
 def _open(target_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: EagleTrainConfig,
           prompts: Sequence[str] | None, data_files: Sequence[str | os.PathLike], progress: Progress | None,
-          resume: bool) -> _Run:
+          resume: bool, say: Callable[[str], None] | None, t_start: float) -> Run:
     """Check the inputs and read what is cheap (config, tokenizer, texts, a warm start's head) before any model
-    loads; clear a fresh run's work folder."""
+    loads (a time limit that reading the target and saving alone would overrun: refused); clear a fresh run's work
+    folder."""
     from ..loading import load_config, load_tokenizer
     from .graph import check_eagle_target
 
@@ -231,6 +161,9 @@ def _open(target_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: EagleT
     if out.exists() and not out.is_dir():
         raise OutputPathError(f"{out} exists and is not a folder")
     gguf = find_gguf(source)
+    if cfg.time_limit is not None:  # a floor: the measured reading and the rest are checked before generating
+        fc.refuse_below(cfg.time_limit, {"reading the target": fc.load_floor_s(
+            fc.weight_bytes(source, gguf), gguf is not None and not resume), "saving": budget.SAVE_S})
     if gguf is not None:  # a llama.cpp model: trained on as transformers dequantizes it, read once per run
         source = stage_reused(gguf, out / WORK_DIR / "target", reuse=resume)
     if not (source / "config.json").is_file():
@@ -259,11 +192,11 @@ def _open(target_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: EagleT
         for item in work.iterdir():
             if gguf is None or item.name != "target":  # (the target just read from its GGUF stays)
                 shutil.rmtree(item) if item.is_dir() else item.unlink()
-    return _Run(cfg, out, work, source, gguf, device, compute, prompts, docs, target_config, tok, init, fingerprint,
-                resume, progress or (lambda phase, done, total, loss: None))
+    return Run(cfg, out, work, source, gguf, device, compute, prompts, docs, target_config, tok, init, fingerprint,
+               resume, progress or (lambda phase, done, total, loss: None), say or (lambda line: None), t_start)
 
 
-def _load_target(run: _Run) -> tuple[Any, list[int], tuple[int, int, int]]:
+def _load_target(run: Run) -> tuple[Any, list[int], tuple[int, int, int]]:
     """The frozen target on the run's device, its end ids and the layers the head taps."""
     from ..loading import load_causal_lm
 
@@ -273,18 +206,41 @@ def _load_target(run: _Run) -> tuple[Any, list[int], tuple[int, int, int]]:
     return model, end_ids, tap_layers(run.target_config.num_hidden_layers)
 
 
-def _data(run: _Run, model: Any, end_ids: list[int], taps: tuple[int, int, int], limit: TimeLimit | None) -> _Data:
+def _data(run: Run, model: Any, end_ids: list[int], taps: tuple[int, int, int], limit: TimeLimit | None) -> Data:
     """The target's sequences and their cached taps (built, or read back from the work folder)."""
     cfg = run.cfg
     limits = data_limits(limit, run.work, cfg.seq_len, run.target_config.hidden_size, cfg.topk)
+    minimum: dict[str, float] = {}
+
+    def refuse_short_limit(writer: Any) -> None:  # before anything is generated
+        if limit is not None:
+            minimum.update(_minimum(run, writer, taps, limit))
+            fc.refuse_below(cfg.time_limit, minimum)
+
     cached = load_or_build(run.work / CACHE_NAME, run.fingerprint, run.resume, model, run.tok, cfg, run.prompts,
                            run.docs, end_ids, taps, run.report, None if run.init is None else run.init[2:],
-                           run.compute, limits)
-    return _Data(cached, SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"]), cached["d2t"],
-                 cached["t2d"], dict(cached["times"]))
+                           run.compute, limits, refuse_short_limit)
+    return Data(cached, SequenceCache(**cached["train"]), SequenceCache(**cached["heldout"]), cached["d2t"],
+                cached["t2d"], dict(cached["times"]), minimum or None)
 
 
-def _start_head(run: _Run, model: Any, data: _Data) -> tuple[Any, Eagle3Head]:
+def _minimum(run: Run, writer: Any, taps: Sequence[int], limit: TimeLimit) -> dict[str, float]:
+    """The least seconds a time-limited run needs (``forecast.minimum_parts``), from the time spent so far (reading
+    the target), one timed pass of the target as it generates, and the first batches' token rows."""
+    cfg = run.cfg
+    size = gen_batch(run.device)
+    rows, seq_tokens = first_batches(run.tok, cfg, run.prompts, run.docs, size)
+    if cfg.self_prompts:
+        rows["prompts"] = min(size, DRAWS_PER_PROMPT * cfg.self_prompts) * (len(user_turn(run.tok)[0]) + budget.MIN_NEW)
+    row_s = fc.token_row_s(writer, taps, run.target_config.vocab_size, run.device, cfg.seq_len)
+    draft = len(run.init[2]) if run.init is not None else min(cfg.draft_vocab or math.inf, run.target_config.vocab_size)
+    layers = cfg.layers if run.init is None else run.init[0].num_layers
+    share = fc.head_share(run.target_config, int(draft), layers, cfg.ttt_steps)
+    fp32 = fc.FP32_OVER_BF16 if run.compute == "bfloat16" else 1.0
+    return fc.minimum_parts(budget.clock() - limit.start, row_s, rows, share, fp32, cfg.batch_size * seq_tokens)
+
+
+def _start_head(run: Run, model: Any, data: Data) -> tuple[Any, Eagle3Head]:
     """A new head shaped after the target (its LM head rows and final norm where ``init_from_target``), or the
     warm start's; on the run's device."""
     if run.init is not None:
@@ -296,7 +252,7 @@ def _start_head(run: _Run, model: Any, data: _Data) -> tuple[Any, Eagle3Head]:
     return head_cfg, head.to(run.device)
 
 
-def _optimise(run: _Run, head: Eagle3Head, embed: torch.Tensor, data: _Data, limit: TimeLimit | None) -> _Trained:
+def _optimise(run: Run, head: Eagle3Head, embed: torch.Tensor, data: Data, limit: TimeLimit | None) -> Trained:
     """Resume or start, fit the step count to a time limit, run the steps (checkpointing), then measure the
     saved copy's held-out acceptance."""
     cfg, device = run.cfg, run.device
@@ -321,6 +277,7 @@ def _optimise(run: _Run, head: Eagle3Head, embed: torch.Tensor, data: _Data, lim
     steps = replace(cfg, steps=plan["steps"])  # the schedule the steps follow
     if start:
         run.report("train", start, steps.steps, None)
+    expected = _forecast(run, data, plan, start, heldout_init, limit)
     weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]  # of each unrolled step's loss
     stopped_at = None
     for step in range(start, steps.steps):
@@ -342,11 +299,21 @@ def _optimise(run: _Run, head: Eagle3Head, embed: torch.Tensor, data: _Data, lim
     t0 = time.perf_counter()
     heldout = evaluate(saved_copy(head, cfg.dtype).to(device), embed, d2t, t2d, data.held, cfg, run.report)
     data.times["evaluate"] = time.perf_counter() - t0
-    return _Trained(start, history, train_s, plan, stopped_at, heldout_init, heldout)
+    return Trained(start, history, train_s, plan, stopped_at, heldout_init, heldout, expected)
 
 
-def _timed_plan(run: _Run, head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor, t2d: torch.Tensor,
-                data: _Data, sampler: BatchSampler, start: int, plan: dict, limit: TimeLimit) -> dict:
+def _forecast(run: Run, data: Data, plan: dict, start: int, heldout_init: dict, limit: TimeLimit | None) -> dict:
+    """What the planned steps should give (``forecast.forecast``), said before the first of them."""
+    per_seq, unique = token_rows(data.train)
+    rows = fc.trained_rows(plan["steps"], run.cfg.batch_size, per_seq, unique)
+    expected = fc.forecast(plan["steps"], start, run.cfg.ttt_steps, rows, heldout_init["alpha1"],
+                           budget.clock() - run.t_start, None if limit is None else plan)
+    run.say(fc.forecast_line(expected, heldout_init["alpha1"], limit is not None))
+    return expected
+
+
+def _timed_plan(run: Run, head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor, t2d: torch.Tensor,
+                data: Data, sampler: BatchSampler, start: int, plan: dict, limit: TimeLimit) -> dict:
     """The step count and reserve a time limit allows, from steps timed whole on copies (nothing the run keeps
     changes). A resumed run keeps its schedule (its plan's steps) and times only its reserve."""
     cfg = run.cfg
@@ -363,31 +330,7 @@ def _timed_plan(run: _Run, head: Eagle3Head, opt: torch.optim.Optimizer, embed: 
                          in_order_tokens(data.held.length.tolist(), cfg.batch_size))
 
 
-def _record(run: _Run, head_cfg: Any, end_ids: list[int], taps: tuple[int, int, int], data: _Data,
-            trained: _Trained, t_start: float) -> TrainingRecord:
-    cfg, train, held, history = run.cfg, data.train, data.held, trained.history
-    weights = [cfg.loss_decay ** s for s in range(cfg.ttt_steps)]
-    return TrainingRecord(
-        format=FORMAT_VERSION, target=str(run.gguf or run.source), architecture=run.target_config.model_type,
-        config=asdict(cfg), head=config_json(head_cfg, cfg.dtype), taps=list(taps),
-        tap_convention="entering layer i (output_hidden_states[i])", end_ids=end_ids,
-        draft_vocab_size=len(data.d2t),
-        data={**data.cached["info"], "sequences_train": len(train), "sequences_heldout": len(held),
-              "tokens_train": int(train.length.sum()), "tokens_heldout": int(held.length.sum()),
-              "scored_train": int(scored_rows(train).sum()), "scored_heldout": int(scored_rows(held).sum()),
-              "cache_bytes": train.nbytes() + held.nbytes()},
-        loss={"weights": weights, "first": sum(w * v for w, v in zip(weights, history[0])),
-              "last": sum(w * v for w, v in zip(weights, history[-1])),
-              "history": [sum(w * v for w, v in zip(weights, h)) for h in history]},
-        heldout_init=trained.heldout_init, heldout=trained.heldout,
-        resumed_from=trained.start or None, compute=run.compute, device=_device_name(run.device),
-        time_limit=None if cfg.time_limit is None else {**trained.plan, "stopped_at_step": trained.stopped_at,
-                                                        "minutes": cfg.time_limit},
-        time_s={**data.times, "total_this_run": time.perf_counter() - t_start},
-        versions=_versions())
-
-
-def _write(run: _Run, head_cfg: Any, head: Eagle3Head, end_ids: list[int], data: _Data,
+def _write(run: Run, head_cfg: Any, head: Eagle3Head, end_ids: list[int], data: Data,
            record: TrainingRecord) -> None:
     """The head, its draft-id counts, the prompts the target wrote and training.json; the work folder removed."""
     out, cached = run.out, data.cached
@@ -401,10 +344,6 @@ def _write(run: _Run, head_cfg: Any, head: Eagle3Head, end_ids: list[int], data:
     write_atomic(out / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False) + "\n")
     if not run.cfg.keep_checkpoint:
         shutil.rmtree(run.work)
-
-
-def _device_name(device: torch.device) -> str:
-    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
 
 
 def _resume_state(work: Path, fingerprint: str, cfg: EagleTrainConfig) -> dict | None:

@@ -19,6 +19,7 @@ from specrt.cli import main
 from specrt.errors import ConfigError
 from specrt.export.eagle import budget as eb
 from specrt.export.eagle import data as ed
+from specrt.export.eagle import forecast as fc
 from specrt.export.eagle.config import tap_layers
 from specrt.export.eagle.checkpoint import load_eagle3
 from specrt.export.eagle.train import EagleTrainConfig, train_eagle
@@ -168,11 +169,14 @@ def test_a_generous_limit_trains_every_step_and_records_its_plan(target, tmp_pat
 def test_a_tight_limit_cuts_the_data_and_plans_the_steps_that_fit(target, tmp_path, monkeypatch):
     monkeypatch.setattr(ed, "_GEN_BATCH", 4)
     monkeypatch.setattr(eb, "plan_steps", lambda costs, left, reserve, most: min(most, 7))  # as if 7 fitted
+    monkeypatch.setattr(fc, "refuse_below", lambda minutes, parts: None)  # (such a limit is refused up front)
     record = train_eagle(target, tmp_path / "head", replace(SMALL, time_limit=1e-6), prompts=PROMPTS)
     assert record["data"]["generation_cut"] == "time" and record["data"]["continuations_made"] == 4
     assert record["time_limit"]["steps"] == 7
     assert len(record["loss"]["history"]) == 1  # the limit had passed: one step, then stopped, checked and saved
-    assert record["time_limit"]["stopped_at_step"] == 1
+    assert record["time_limit"]["stopped_at_step"] == 1 and record["time_limit"]["stopped_because"] == "the time limit"
+    assert record["time_limit"]["data_stopped"]["replies"] == "time" and record["time_limit"]["replies_cut_short"] > 0
+    assert record["verdict"]["advice"]["time_limit"] is not None  # the limit bound it: a longer one is advised
     load_eagle3(tmp_path / "head")
     assert record["heldout"]["roots"] > 0 and not (tmp_path / "head" / ".train").exists()
 

@@ -59,7 +59,7 @@ def test_written_prompts_end_their_message_hold_words_and_repeat_nothing(monkeyp
             ids("Explain recursion to a child.") + [1]]  # a repeat, ended by the EOS id
     calls = []
 
-    def scripted(model, prompts, max_len, temperature, end_ids, gen, taps):
+    def scripted(model, prompts, max_len, temperature, end_ids, gen, taps, until=None):
         calls.append((len(prompts), max_len, temperature, sorted(end_ids)))
         assert all(p == prefix for p in prompts)
         return [TargetSequence(prefix + r, len(prefix) - 1, torch.zeros(0), torch.zeros(0), torch.zeros(0)) for r in rows]
