@@ -135,6 +135,16 @@ def gqa_close_bundle(close_pair, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gqa_static_close_bundle(close_pair, tmp_path_factory) -> Path:
+    """The close pair with static-shape GroupQueryAttention graphs (`--graph gqa-static`)."""
+    from specrt.export.exporter import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp("close-gqa-static") / "bundle"
+    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="gqa-static"))
+    return out
+
+
+@pytest.fixture(scope="session")
 def self_bundle(pairs, tmp_path_factory) -> Path:
     """Draft == target: greedy chains are always fully accepted (exercises the draft's catch-up)."""
     from specrt.export.exporter import export_bundle

@@ -77,6 +77,17 @@ def new_value(layer: int) -> str:
 # rows in place at the current length (the mask's width - Q), so nothing is re-bound between passes.
 GQA_GRAPH = "gqa"
 
+# The gqa graph with static shapes (export/graph/gqa_static.py), for ONNX Runtime's CUDA-graph mode: the lengths come
+# from a bound input instead of the mask's width, and the mask spans the whole cache buffer, so a pass of Q rows has
+# the same shapes (and, bound once, the same addresses) every step:
+#
+#     seqlens_k       int32    [B]                  past + Q - 1: the op writes the Q rows at past .. past + Q - 1
+#     attention_mask  bool     [B, 1, Q, capacity]  column j = cache row j (the new rows are columns past ..
+#                                                   past + Q - 1); columns from past + Q on are never read
+GQA_STATIC_GRAPH = "gqa-static"
+SEQLENS_K = "seqlens_k"
+SHARED_KV_GRAPHS = (GQA_GRAPH, GQA_STATIC_GRAPH)  # one head-major buffer per layer, read and written in place
+
 
 def present_key(layer: int) -> str:
     return f"present_key.{layer}"
@@ -121,7 +132,8 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
                logits_index: bool = False) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The (inputs, outputs) of a graph with the given dims and weight/KV dtype. ``tap_width``: a decoder's
     ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width. ``graph``
-    :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out).
+    :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out);
+    :data:`GQA_STATIC_GRAPH`: the same, with :data:`SEQLENS_K` and a mask as wide as the buffer.
     ``logits_index``: the graph takes :data:`LOGITS_INDEX` (after the cache inputs, as the wrappers trace it)
     and returns logits for those rows only."""
     if dtype not in DTYPES:
@@ -132,10 +144,11 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
         raise ValueError("an EAGLE-3 head needs the width of the target taps it reads")
     kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
     kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
+    static = graph == GQA_STATIC_GRAPH
     inputs = [
         TensorSpec(INPUT_IDS, "int64", ("batch", "query")),
         TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
-        TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "past_plus_query")),
+        TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "capacity" if static else "past_plus_query")),
     ]
     if kind == "eagle3":
         inputs += [TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)),
@@ -146,7 +159,7 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     ]
     if kind == "decoder" and tap_width:
         outputs.append(TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)))
-    if graph == GQA_GRAPH:
+    if graph in SHARED_KV_GRAPHS:
         buffer = ("batch", dims.num_kv_heads, "capacity", dims.head_dim)
         for i in range(dims.num_layers):
             inputs += [TensorSpec(past_key(i), dtype, buffer), TensorSpec(past_value(i), dtype, buffer)]
@@ -157,6 +170,8 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
             outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
     if logits_index:
         inputs.append(TensorSpec(LOGITS_INDEX, "int64", ("logits_rows",)))
+    if static:
+        inputs.append(TensorSpec(SEQLENS_K, "int32", ("batch",)))
     return inputs, outputs
 
 

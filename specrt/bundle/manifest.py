@@ -46,8 +46,8 @@ class ModelEntry:
     # after, distributional parity against the float graph. None: the graph's weights are as exported.
     quantization: dict[str, Any] | None = None
     # "fused": rotary/attention/RMS norm as single opset-23 nodes for ONNX Runtime; "gqa": fused, with ONNX
-    # Runtime's GroupQueryAttention over one in-place cache buffer per layer (contract.GQA_GRAPH);
-    # "portable": plain ops.
+    # Runtime's GroupQueryAttention over one in-place cache buffer per layer (contract.GQA_GRAPH); "gqa-static":
+    # gqa with static shapes, for CUDA graphs (contract.GQA_STATIC_GRAPH); "portable": plain ops.
     graph: str = "portable"
     # What one pass reads and computes (bundle.files.graph_cost), recorded where onnx is installed (export,
     # quantize) so the runtime needs no graph parser. None: a bundle from before they were recorded.

@@ -31,10 +31,13 @@ from .options import (
               help="Positions the runtime's KV cache holds [default: the models' limit, at most 4096].")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True,
               help="torch.onnx exporter: dynamo gives leaner graphs; torchscript traces faster.")
-@click.option("--graph", type=click.Choice(["auto", "fused", "gqa", "portable"]), default="auto", show_default=True,
+@click.option("--graph", type=click.Choice(["auto", "fused", "gqa", "gqa-static", "portable"]), default="auto",
+              show_default=True,
               help="fused: rotary, attention, RMS norm and packed projections as single opset-23 nodes (a ~2.5x "
                    "smaller graph, faster on ONNX Runtime); gqa: fused, with ONNX Runtime's GroupQueryAttention "
                    "writing one KV buffer per layer in place (nothing re-bound per step; ONNX Runtime only); "
+                   "gqa-static: gqa with fixed shapes per row count, so ONNX Runtime CUDA replays verify steps as "
+                   "CUDA graphs (docs/gpu.md); "
                    "portable: plain ops, for TensorRT (`specrt build`). "
                    "auto: fused where the architecture has it (llama, mistral, qwen2, qwen3, phi3, gemma2, "
                    "gemma3_text: all but gpt2) with the dynamo exporter.")

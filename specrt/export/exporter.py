@@ -34,7 +34,7 @@ from .staging import publish, staging_folder
 from .vocab import compare_vocab
 
 DEFAULT_MAX_CONTEXT = 4096  # caps the runtime's preallocated KV cache for long-context models
-GRAPHS = ("auto", "fused", "gqa", "portable")
+GRAPHS = ("auto", "fused", "gqa", "gqa-static", "portable")
 ISOLATE_BYTES = 512 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -74,20 +74,20 @@ class ExportOptions:
             raise ConfigError(f"medusa dtype must be one of {', '.join(DTYPES)}, got {self.medusa_dtype!r}")
         if self.graph not in GRAPHS:
             raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
-        if self.graph in ("fused", "gqa") and self.exporter != "dynamo":
+        if self.graph in ("fused", *C.SHARED_KV_GRAPHS) and self.exporter != "dynamo":
             raise ConfigError(f"--graph {self.graph} needs the dynamo exporter")
 
     def fused_for(self, adapter_cls, config) -> bool:
-        """Whether this model's graph is the fused one (or, under "gqa", the fused one rewritten)."""
+        """Whether this model's graph is the fused one (or, under "gqa" / "gqa-static", the fused one rewritten)."""
         if self.graph == "auto":
             return adapter_cls.fused_supported(config) and self.exporter == "dynamo"
-        return self.graph in ("fused", "gqa")
+        return self.graph in ("fused", *C.SHARED_KV_GRAPHS)
 
     def graph_for(self, fused: bool) -> str:
         """The manifest's ``graph`` of a model exported fused or not."""
         if not fused:
             return "portable"
-        return C.GQA_GRAPH if self.graph == "gqa" else "fused"
+        return self.graph if self.graph in C.SHARED_KV_GRAPHS else "fused"
 
     def isolate_for(self, source: str) -> bool:
         """Whether ``source``'s PyTorch side runs in a child process (hub ids: always, under ``None``)."""
@@ -319,16 +319,21 @@ def _export_role(role: str, sources: _Sources, options: ExportOptions, cases: Pa
         dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
         release_memory()
     graph = options.graph_for(job.fused)
-    if graph == C.GQA_GRAPH:
+    if graph in C.SHARED_KV_GRAPHS:
         from .graph.gqa import rewrite_file
+        from .graph.gqa_static import rewrite_static_file
 
         what = role + (" and its EAGLE-3 head" if head is not None else "")
         with reporter.step(f"Rewriting {what} for ONNX Runtime's GroupQueryAttention"):
-            rewrite_file(tmp / f"{role}.onnx", tmp / f"{role}.onnx", dims)
+            files = [(tmp / f"{role}.onnx", dims)]
             if head is not None:  # its one layer's cache too: written in place, bound once
                 from .eagle.graph import GRAPH_FILE
 
-                rewrite_file(tmp / GRAPH_FILE, tmp / GRAPH_FILE, head.dims)
+                files.append((tmp / GRAPH_FILE, head.dims))
+            for path, model_dims in files:
+                rewrite_file(path, path, model_dims)
+                if graph == C.GQA_STATIC_GRAPH:  # lengths from seqlens_k, a mask as wide as the buffer
+                    rewrite_static_file(path, path, model_dims)
     with reporter.step(f"Checking {role}: ONNX Runtime vs PyTorch"):
         parity = check_parity(reference, cases, tmp / f"{role}.onnx", dims, options.dtype,
                               taps_reference=taps_reference)

@@ -149,7 +149,7 @@ def resolve_precision(entries: list[ModelEntry], requested: str | None) -> str:
         raise ConfigError(f"this bundle is int{q['bits']} weight-only (ONNX Runtime's {op}), which TensorRT "
                           "cannot parse; build engines from the float bundle it came "
                           "from (weight-only TensorRT engines need a Q/DQ graph, which specrt does not produce yet)")
-    fused = [e for e in entries if e.graph in ("fused", "gqa")]
+    fused = [e for e in entries if e.graph in ("fused", "gqa", "gqa-static")]
     if fused:
         raise ConfigError(f"{fused[0].file} is the {fused[0].graph} ONNX Runtime graph (opset-23 or contrib "
                           "attention nodes, not parsed by TensorRT here); re-export with --graph portable for "

@@ -152,6 +152,7 @@ class OrtDecoder:
         self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
         self.shared_kv = C.present_key(0) in self.outputs
         self.indexed = any(i.name == C.LOGITS_INDEX for i in self.session.get_inputs())
+        self.static = any(i.name == C.SEQLENS_K for i in self.session.get_inputs())  # a gqa-static graph
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
         """(logits [Q, V], new K/V [1, Q, H_kv, D] each, eagle_taps [Q, width] or None when the graph has no
@@ -180,6 +181,10 @@ class OrtDecoder:
         p = past[0].shape[1]
         buffers = [np.zeros((1, self.dims.num_kv_heads, p + q_len + 3, self.dims.head_dim), self.np_dtype)
                    for _ in past]
+        if self.static:  # the lengths from seqlens_k; the mask as wide as the buffer (columns = its rows)
+            wide = np.zeros((1, 1, q_len, p + q_len + 3), bool)
+            wide[..., :p + q_len] = feed[C.ATTENTION_MASK]
+            feed = {**feed, C.ATTENTION_MASK: wide, C.SEQLENS_K: np.array([p + q_len - 1], np.int32)}
         for buf, rows in zip(buffers, past):
             buf[:, :, :p] = rows.transpose(0, 2, 1, 3)
         binding = self.session.io_binding()
