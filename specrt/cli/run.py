@@ -101,8 +101,9 @@ def run(prompt: str, chat: bool, system_message: str | None, bundle: str | None,
         if baseline and method != "none":
             plain = stream(options.replace(method="none", acceptance="exact")).result  # typical is Medusa's only
             measured = result.stats.tokens_per_second / plain.stats.tokens_per_second
-        print_stats(result.stats, gen.decoders["target"].provider, lossy=acceptance == "typical",
-                    measured_speedup=measured)
+        target = gen.decoders["target"]
+        print_stats(result.stats, target.provider, lossy=acceptance == "typical", measured_speedup=measured,
+                    graphs=target.graph_status)
 
 
 @main.command()

@@ -211,6 +211,9 @@ class TorchDecoder:
         self.capture = capture
         self.buckets = buckets
         self.graphs: dict[tuple[int, int], _Graph] = {}  # (id(cache), bucket) → graph
+        self.graph_status = (None if self.device.type != "cuda" else
+                             f"CUDA graphs: steps of up to {max(buckets)} rows" if self.use_graphs else
+                             "CUDA graphs off: opened with use_graphs=False")
 
     def new_cache(self, max_context: int) -> TorchKVCache:
         d = self.entry.dims

@@ -11,7 +11,9 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
-                measured_speedup: float | None = None) -> None:
+                measured_speedup: float | None = None, graphs: str | None = None) -> None:
+    """``graphs``: the target decoder's ``graph_status`` where it has one (ONNX Runtime CUDA: the captured
+    buckets, or why its steps ran eagerly)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -43,6 +45,9 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
               f"verify {st.verify_s * 1000:.0f} ms · other {st.other_s * 1000:.0f} ms")
     t.add_row("host time per token", f"{st.host_ms_per_token:.3f} ms",
               f"outside the engines' run calls (binding counts); engines {st.engine_s * 1000:.0f} ms")
+    if graphs:
+        t.add_row("CUDA graphs", "yes" if graphs.startswith("CUDA graphs:") else "no",
+                  graphs.removeprefix("CUDA graphs: "))
     t.add_row("device→host per target pass", f"{st.d2h_bytes_per_target_pass / 1e3:.1f} KB",
               "hidden rows + logits (or their summary) copied from the GPU; 0 where outputs land in host memory")
     console = Console(stderr=True)

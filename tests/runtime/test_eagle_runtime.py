@@ -36,6 +36,7 @@ class _Recorder:
 
     supports_eagle = True
     provider = "stand-in"
+    graph_status = None
 
     def __init__(self, kind: str, vocab: int) -> None:
         self.entry = _Entry(ModelDims(1, 1, 1, 2, H, vocab), TAPS if kind == "decoder" else TAPS, kind)

@@ -38,6 +38,10 @@ class HostMemory:
         self._blocks.append(block)
         return block.ctypes.data
 
+    def owns(self, ptr: int, nbytes: int) -> bool:
+        """Whether [ptr, ptr + nbytes) lies in one block this memory allocated (device memory, not a host array)."""
+        return any(b.ctypes.data <= ptr and ptr + nbytes <= b.ctypes.data + b.nbytes for b in self._blocks)
+
     def mapped(self, nbytes: int):
         assert self.integrated, "host-mapped outputs are for integrated GPUs only"
         ptr = self.malloc(nbytes)

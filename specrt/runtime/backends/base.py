@@ -61,6 +61,9 @@ class Decoder(Protocol):
 
     entry: ModelEntry
     provider: str
+    # One line for --stats on a GPU: "CUDA graphs: ..." when verify steps replay captured graphs, else why they
+    # run eagerly; None where graphs do not apply (the CPU).
+    graph_status: str | None
 
     def new_cache(self, max_context: int) -> KVCache: ...
 

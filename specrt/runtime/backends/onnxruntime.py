@@ -4,8 +4,8 @@ On the CUDA execution provider the cache lives in device memory (:class:`~specrt
 and is bound by device address, so only ids, positions and the mask go up; the logits stay in device
 memory too, and the step reads them through the logits summary graph run on the same provider
 (:class:`~specrt.runtime.backends.summary.SummaryLogits`: top logits and the normaliser, a whole row only when
-they cannot decide). ORT's own CUDA-graph mode is not used: it needs every input shape fixed, and the
-past grows each step.
+they cannot decide). On a static gqa graph (contract.GQA_STATIC_GRAPH) the verify steps replay CUDA graphs
+through ORT's own CUDA-graph mode (:mod:`.ort_graphs`); other graphs' shapes grow every step: eager.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -22,7 +22,9 @@ from ...bundle.manifest import ModelEntry
 from ...errors import BundleError
 from ..kvcache import KVCache
 from .base import DecoderOutput, check_threads, register_backend
+from .buckets import DEFAULT_BUCKETS
 from .cuda import CudaMemory, DeviceKVCache, DeviceMemory
+from .ort_graphs import EAGER_ID, CapturedSteps, graph_problem, open_session, run_options, say_once, write_wide_mask
 from .summary import SummaryLogits, row_readers, summary_buffers
 
 
@@ -34,9 +36,11 @@ def _ort_available() -> bool:
     return True
 
 
-def choose_providers(available: list[str]) -> list[str]:
-    """CUDA when this onnxruntime build has it, always with CPU as the fallback."""
-    return (["CUDAExecutionProvider"] if "CUDAExecutionProvider" in available else []) + ["CPUExecutionProvider"]
+def choose_providers(available: list[str], cuda_graph: bool = False) -> list:
+    """CUDA when this onnxruntime build has it, always with CPU as the fallback; ``cuda_graph``: in ORT's
+    CUDA-graph mode (runs then choose their graph with the gpu_graph_id run option)."""
+    cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if cuda_graph else "CUDAExecutionProvider"
+    return ([cuda] if "CUDAExecutionProvider" in available else []) + ["CPUExecutionProvider"]
 
 
 # A helper model (draft, Medusa heads) below this size runs on the calling thread: its ops are too small to
@@ -155,8 +159,10 @@ def session_options(shared: bool | None = None):
     return opts
 
 
-def _session(path: Path, threads: int | None, helper: bool = False, plan: MemoryPlan = MemoryPlan(False, "")):
+def _session(path: Path, threads: int | None, helper: bool = False, plan: MemoryPlan = MemoryPlan(False, ""),
+             cuda_graph: bool = False):
     """``helper``: a model run between target passes. With pools of their own only the target's spins.
+    ``cuda_graph``: the CUDA provider in its CUDA-graph mode (see :mod:`.ort_graphs`).
 
     The target's workers spin between its nodes (a wake-up per node cost an int4 demo step 1.7 → 2.6 ms);
     a helper's pool must not spin as well, or the two fight for the cores (target step +50 % on 2 cores).
@@ -178,8 +184,8 @@ def _session(path: Path, threads: int | None, helper: bool = False, plan: Memory
 
     def create(shared: bool):
         opts, disabled = options(shared)
-        return ort.InferenceSession(str(path), opts, providers=choose_providers(ort.get_available_providers()),
-                                    disabled_optimizers=disabled)
+        return ort.InferenceSession(str(path), opts, disabled_optimizers=disabled,
+                                    providers=choose_providers(ort.get_available_providers(), cuda_graph))
 
     shared = "threads" in _shared_pool
     try:
@@ -242,26 +248,35 @@ class _Binder:
 
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
-              "tensor(bool)": "bool"}
+              "tensor(int32)": "int32", "tensor(bool)": "bool"}
 
 
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target",
                  low_memory: bool | None = None, *, memory: DeviceMemory | None = None,
-                 device_logits: bool | None = None) -> None:
+                 device_logits: bool | None = None, graphs: bool | None = None,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, wrap_session: Callable[[Any], Any] | None = None) -> None:
         """``low_memory``: the session that keeps no fp32 copies of the weights (:func:`low_memory_options`);
         None: when a default one would not fit in the memory available (on the CPU provider only; the CUDA
         provider keeps weights in device memory). ``memory``: where the KV cache lives; default host arrays
         on CPU, CUDA memory on the CUDA provider. ``device_logits``: leave the logits in ``memory`` and
-        summarise them there (default: on CUDA)."""
+        summarise them there (default: on CUDA). ``graphs``: replay verify steps of up to max(``buckets``)
+        rows as CUDA graphs (:mod:`.ort_graphs`; default: on CUDA, where the graph allows it; else eager,
+        saying why in one line). ``wrap_session``: applied to the session made (how tests stand in for
+        ORT's CUDA-graph mode on a CPU)."""
         import onnxruntime as ort
 
         path = Path(bundle_dir) / entry.file
         on_cpu = choose_providers(ort.get_available_providers()) == ["CPUExecutionProvider"]
         self.memory_plan = plan_memory(*C.graph_file_bytes(path), entry.dtype,
                                        available_memory() if on_cpu else None, low_memory)
-        self.session = _session(path, threads, helper=role != "target", plan=self.memory_plan)
+        graphs = not on_cpu if graphs is None else graphs
+        why = graph_problem(ort.__version__, entry, cuda=not on_cpu) if graphs else None
+        make = lambda cuda_graph: _session(path, threads, role != "target", self.memory_plan, cuda_graph)  # noqa: E731
+        self.session, why = open_session(make, graphs and why is None and not on_cpu, why)
+        if wrap_session is not None:
+            self.session = wrap_session(self.session)
         types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
         problem = C.io_mismatch(entry.io(), types(self.session.get_inputs()), types(self.session.get_outputs()))
         if problem:
@@ -280,7 +295,8 @@ class OrtDecoder:
         self._kv_shape = [entry.dims.num_kv_heads, entry.dims.head_dim]
         # A GroupQueryAttention graph reads and writes each layer's one cache buffer in place: bound once per
         # cache (the cache it is bound to, kept alive by this reference), never per pass.
-        self.shared_kv = entry.graph == C.GQA_GRAPH
+        self.shared_kv = entry.graph in C.SHARED_KV_GRAPHS
+        self.static = entry.graph == C.GQA_STATIC_GRAPH  # seqlens_k and a mask as wide as the cache buffer
         self._kv_for: KVCache | DeviceKVCache | None = None
         if device_logits is None:
             device_logits = self.kv_device == "cuda"
@@ -294,6 +310,19 @@ class OrtDecoder:
         # A target exported for an EAGLE-3 head also outputs the hidden states its head reads.
         self._taps = np.empty((1, 0, entry.tap_width), self.kv_dtype) if entry.kind == "decoder" and entry.tap_width \
             else None
+        if graphs and why is None and self.memory is None:
+            why = "the KV cache is in host memory"
+        self.graph_note = f"{role}: CUDA graphs off, steps run eagerly: {why}" if graphs and why else None
+        summarize = (lambda q_len, ptr: self.summary.rows(q_len, ptr)) if self.summary is not None else None
+        self.steps = (CapturedSteps(self.session, entry, self.memory, self.kv_device, summarize, buckets)
+                      if graphs and why is None and self.memory is not None else None)
+        say_once(self.graph_note)
+        self._eager_options = run_options(EAGER_ID) if self.steps is not None else None
+
+    @property
+    def graph_status(self) -> str | None:
+        """One line for --stats: the captured buckets, or why steps run eagerly; None off CUDA."""
+        return self.steps.status if self.steps is not None else self.graph_note
 
     supports_eagle = True
 
@@ -341,6 +370,15 @@ class OrtDecoder:
             self.binding.bind(name, "cpu", buf.dtype, shape, buf.ctypes.data)
         buf.reshape(np.shape(values))[...] = values  # converts (e.g. float32 rows into an fp16 graph)
 
+    def _wide_mask(self, mask: np.ndarray, past: int, capacity: int) -> None:
+        """A static graph's mask, [1, 1, Q, capacity], in its own buffer (ort_graphs.write_wide_mask)."""
+        shape = (1, 1, mask.shape[2], capacity)
+        buf = self._inputs.get(C.ATTENTION_MASK)
+        if buf is None or buf.shape != shape:
+            buf = self._inputs[C.ATTENTION_MASK] = np.empty(shape, bool)
+            self.binding.bind(C.ATTENTION_MASK, "cpu", buf.dtype, shape, buf.ctypes.data)
+        write_wide_mask(buf, mask, past)
+
     def _bind_cache(self, cache: KVCache | DeviceKVCache) -> None:
         """Bind ``cache``'s buffers as past_key.N and present_key.N (a GQA graph), unless they already are."""
         if self._kv_for is cache:
@@ -361,14 +399,22 @@ class OrtDecoder:
         q_len, past = len(input_ids), cache.length
         rows = q_len if logits_rows is None or not self.entry.logits_index else min(logits_rows, q_len)
         cache.ensure_room(q_len)
+        step = self.steps.bucket_for(cache, q_len) if self.steps is not None else None
+        if step is not None:  # a captured verify step: its own buffers and binding, every row's logits
+            run = lambda binding, options: run_graph(self.session.run_with_iobinding, self.entry.file,  # noqa: E731
+                                                     binding, options)
+            return self.steps.run(step, input_ids, position_ids, mask, extra or {}, run)
         b = self.binding
         if self.shared_kv:
             self._bind_cache(cache)  # binding a name again replaces it: the cache's bindings stay
         self._bound = []
         self._put(C.INPUT_IDS, input_ids, (1, q_len), np.dtype(np.int64))
         self._put(C.POSITION_IDS, position_ids, (1, q_len), np.dtype(np.int64))
-        # The mask grows by a column every pass: bound anew each time (no copy when it is already bool).
-        self._bind(C.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=bool))
+        if self.static:  # the lengths from seqlens_k, the mask as wide as the buffer: bound again only for another Q
+            self._put(C.SEQLENS_K, np.array([past + q_len - 1]), (1,), np.dtype(np.int32))
+            self._wide_mask(mask, past, cache.max_context)
+        else:  # the mask grows by a column every pass: bound anew each time (no copy when it is already bool)
+            self._bind(C.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=bool))
         for name, values in (extra or {}).items():
             self._put(name, values, (1, q_len, values.shape[-1]), self.kv_dtype)
         if self.entry.logits_index:
@@ -389,7 +435,7 @@ class OrtDecoder:
                    self.summary.logits_buffer(rows), output=True)
         outputs = {C.EAGLE_TAPS: views[C.EAGLE_TAPS]} if C.EAGLE_TAPS in views else {}
         t0 = time.perf_counter()
-        run_graph(self.session.run_with_iobinding, self.entry.file, b.binding)
+        run_graph(self.session.run_with_iobinding, self.entry.file, b.binding, self._eager_options)
         engine_s = time.perf_counter() - t0
         # On the CUDA provider the host-bound outputs are copied down by ORT.
         on_device = self.kv_device == "cuda"
@@ -422,8 +468,11 @@ class _Summary:
             self._out = summary_buffers(self.capacity)
         return self.ptr
 
-    def rows(self, q_len: int) -> SummaryLogits:
-        ptr, vocab = self.ptr, self.vocab  # this pass's buffer: a later, longer pass may move it
+    def rows(self, q_len: int, ptr: int | None = None) -> SummaryLogits:
+        """``ptr``: where the logits lie (default: this summary's own buffer, where eager passes write them)."""
+        ptr, vocab = self.ptr if ptr is None else ptr, self.vocab  # this pass's: a later, longer pass may move it
+        if len(next(iter(self._out.values()), ())) < q_len:  # a captured bucket wider than any eager pass
+            self._out = summary_buffers(max(q_len, self.capacity))
 
         def summarize(start: int, rows: int, inv_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             b = self.binding

@@ -244,6 +244,8 @@ class TrtDecoder:
         self.provider = "TensorRT"
         self.buckets = tuple(b for b in buckets if b <= limits.max_verify) if graphs else ()
         self.graphs: dict[tuple[int, int, int], _Graph] = {}  # (cache base, cache rows, bucket) → graph
+        self.graph_status = (f"CUDA graphs: verify passes of up to {max(self.buckets)} rows" if self.buckets
+                             else "CUDA graphs off: opened with graphs=False")
         d, q = entry.dims, limits.max_q
         # EAGLE-3: a target exported for a head also outputs its taps; a head reads taps and features.
         self.extra_inputs = ({C.EAGLE_TAPS: entry.tap_width, C.EAGLE_FEATURES: d.hidden_size}
