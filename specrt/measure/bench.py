@@ -366,7 +366,7 @@ def _aggregate(stats: list, joules: float | None = None) -> dict:
     t_target, t_draft = mean_pass_seconds(stats)
     return {
         "tokens_per_second": tokens / total,
-        "tokens_per_target_pass": tokens / passes,
+        "tokens_per_target_pass": sum(s.tokens_per_target_pass * s.target_passes for s in stats) / passes,
         "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": statistics.mean(betas) if betas else None,
         "mean_gamma": statistics.mean(s.mean_gamma for s in stats),

@@ -265,7 +265,7 @@ def decode(s: DecodeState, max_new_tokens: int, step: ChainStepper | PlainSteppe
         chunk = chunk[: max_new_tokens - produced]
         for j, t in enumerate(chunk):
             if t in stop_ids:
-                s.stats.new_tokens = produced + j
+                s.stats.new_tokens, s.stats.end_token = produced + j, 1
                 yield chunk[:j]
                 return
         s.tokens.extend(chunk)

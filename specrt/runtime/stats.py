@@ -28,6 +28,9 @@ class StatsRecorder:
     prompt_tokens: int = 0  # the context every pass reads before the first new token (bytes per token)
     reused_tokens: int = 0  # prompt tokens whose K/V the previous generation left (reuse_prefix)
     new_tokens: int = 0
+    # 1 when the last pass yielded a stop id: a token the pass produced, so it counts in tokens per target pass
+    # (plain decoding is then exactly 1.00) though it is not part of the output
+    end_token: int = 0
     steps: int = 0  # target passes after prefill
     drafted: int = 0
     accepted: int = 0
@@ -74,7 +77,7 @@ class StatsRecorder:
             drafted=self.drafted, accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else None,
             alpha_estimate=alpha, mean_accepted=self.accepted / self.steps if self.steps else 0.0,
-            tokens_per_target_pass=self.new_tokens / passes, mean_gamma=mean_gamma,
+            tokens_per_target_pass=(self.new_tokens + self.end_token) / passes, mean_gamma=mean_gamma,
             c=c, predicted_speedup=predicted, total_s=total, prefill_s=self.seconds["prefill"],
             draft_s=self.seconds["draft"], verify_s=self.seconds["verify"],
             other_s=total - sum(self.seconds.values()),
@@ -102,7 +105,7 @@ class GenerationStats:
     acceptance_rate: float | None
     alpha_estimate: float | None
     mean_accepted: float  # accepted draft tokens per speculative step
-    tokens_per_target_pass: float
+    tokens_per_target_pass: float  # the stop id a last pass produced included: plain decoding = 1.00
     mean_gamma: float  # tokens drafted per step: chain length, or tree nodes verified per pass
     c: float  # measured draft pass time / target verification pass time
     predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c)

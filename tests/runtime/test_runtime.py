@@ -318,3 +318,21 @@ def test_pass_times_pool_generations_by_their_passes():
     assert mean_pass_seconds([long, short]) == (pytest.approx(0.7 / 5), pytest.approx(0.01))
     prefill_only = SimpleNamespace(target_passes=1, verify_s=0.0, draft_passes=0, draft_s=0.0)
     assert mean_pass_seconds([prefill_only]) == (0.0, None)
+
+
+
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_the_stop_id_a_pass_yields_counts_as_its_token(close_bundle, method):
+    """The stop id a last pass yields is a token that pass produced: plain decoding reads 1.00 with or
+    without a stop, and a draft's tokens per pass count it too."""
+    gen = specrt.load(close_bundle, threads=1)
+    full = gen.generate(PROMPTS[0], max_new_tokens=12, method=method)
+    stop = full.token_ids[6]
+    object.__setattr__(gen.manifest.tokenizer, "eos_token_ids", (stop,))  # frozen: this test's copy only
+    stopped = gen.generate(PROMPTS[0], max_new_tokens=12, method=method)
+    first = full.token_ids.index(stop)
+    assert stopped.token_ids == full.token_ids[:first] and stopped.stats.new_tokens == first
+    st = stopped.stats
+    assert st.tokens_per_target_pass == pytest.approx((first + 1) / st.target_passes)
+    if method == "none":
+        assert full.stats.tokens_per_target_pass == 1.0 and st.tokens_per_target_pass == 1.0
