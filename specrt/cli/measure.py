@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -11,6 +12,8 @@ from ..runtime.options import check_temperature
 from .options import (
     backend_option,
     bundle_option,
+    chat_for,
+    chat_option,
     checked,
     gamma_option,
     low_memory_option,
@@ -23,11 +26,12 @@ from .options import (
 @main.command()
 @bundle_option
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
-              help="JSON list or one-prompt-per-line file [default: the shipped code prompts].")
-@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]), default="code",
-              show_default=True, help="Which shipped prompt set to use when --prompts is not given.")
-@click.option("--chat", "chat", is_flag=True,
-              help="Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
+              help="JSON list or one-prompt-per-line file [default: 8 of the shipped chat prompts with --chat, "
+                   "else the 8 code prompts].")
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]),
+              help="Which shipped prompt set to use when --prompts is not given (chat: all 210) [default: 8 "
+                   "chat prompts with --chat, else code].")
+@chat_option("Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
 @click.option("--methods", help="Comma-separated; must include none [default: none and every method the bundle "
                                "holds: eagle, draft and tree where it has a head or a draft model, and ngram]. "
                                "NAME@GAMMA gives one entry its own γ (none,eagle@1,eagle@2,eagle@auto).")
@@ -69,7 +73,8 @@ from .options import (
                    "(whichever this machine reports; which are missing is said, not an error).")
 @low_memory_option
 @backend_option
-def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: bool, methods: str | None,
+def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, chat: bool | None,
+          methods: str | None,
           tree_shape: str, eagle_tree: str,
           max_new_tokens: int, repeats: int, gamma: int | str, draft_stop: float, row_stable: bool, temperature: float,
           top_k: int,
@@ -116,12 +121,18 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str, chat: b
     options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, draft_stop=draft_stop,
                    row_stable=row_stable, temperature=temperature, top_k=top_k, top_p=top_p,
                    tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree),
-                   greedy_baseline=greedy_baseline, chat=chat)
+                   greedy_baseline=greedy_baseline, chat=bool(chat))
     if methods is not None:  # checked before loading; the default needs the bundle
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
-    prompts = read_prompts(prompts_file) if prompts_file else builtin_prompts(prompt_set)
+    prompts = read_prompts(prompts_file) if prompts_file else None
     given = Bandwidth("given", bandwidth_gbps) if bandwidth_gbps is not None else None  # checks it before loading
     gen = load(bundle, backend=backend, threads=threads, low_memory=low_memory, shared_threads=thread_pool == "shared")
+    options["chat"] = chat = chat_for(gen, chat)
+    if methods is not None:
+        cfg = dataclasses.replace(cfg, chat=chat)
+    if prompts is None:  # with --chat and no set named: 8 chat prompts, as plan measures on (the set has 210)
+        prompts = builtin_prompts(prompt_set) if prompt_set else builtin_prompts("chat")[-8:] if chat else \
+            builtin_prompts("code")
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
     notes = bench_notes(gen)
@@ -163,11 +174,10 @@ def _bench_with_status(gen, prompts: list[str], cfg, notes: list[str], kinds: tu
               help="Draft / target arithmetic operations per token, for the ops-factor column [default: from the "
                    "bundle's graphs with --bundle; else c, a time ratio standing in for it].")
 @click.option("--bundle", type=click.Path(file_okay=False),
-              help="Measure α and c of the bundle's EAGLE-3 head, else its draft model, first (instead of "
-                   "--alpha/--c), and μ from its graphs.")
-@click.option("--chat", is_flag=True,
-              help="With --bundle: each prompt is a user's message in the bundle's chat template (an instruct "
-                   "model's replies) [default prompts then: 8 of the shipped chat prompts].")
+              help="Measure α and c of the bundle's EAGLE-3 head, else its draft model, else prompt lookup (ngram) "
+                   "first (instead of --alpha/--c), and μ from its graphs.")
+@chat_option("With --bundle: each prompt is a user's message in the bundle's chat template (an instruct model's "
+             "replies; default prompts then: 8 of the shipped chat prompts).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help="With --bundle: measure on these prompts (JSON list or one per line) [default: the shipped code "
                    "prompts]. A head trained on the shipped prompts reads optimistic α from them: pass held-out ones.")
@@ -184,7 +194,7 @@ def _bench_with_status(gen, prompts: list[str], cfg, notes: list[str], kinds: tu
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Write a PNG of speedup vs γ (needs matplotlib).")
 @threads_option
-def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, chat: bool,
+def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | None, chat: bool | None,
          prompts_file: str | None, demo: bool, temperature: float, context: int, max_gamma: int,
          verify_costs: str | None, plot_file: str | None, threads: int | None, thread_pool: str) -> None:
     """Table of γ, E[tokens per target pass], relative cost γc+v(γ+1), speedup and arithmetic-ops factor; marks
@@ -208,7 +218,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
     from ..measure.plan import bundle_mu, measure, parse_verify_costs, plot
     from ..measure.report import print_plan
 
-    mu_note = None
+    mu_note = measured_at = None
     costs = parse_verify_costs(verify_costs) if verify_costs else None
     if bundle is not None or demo:
         if alpha is not None or c is not None:
@@ -218,10 +228,12 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         from ..measure.bench import read_prompts
 
         gen = load(bundle, threads=threads, shared_threads=thread_pool == "shared")  # c depends on the pool
+        chat = chat_for(gen, chat)
         prompts = (read_prompts(prompts_file) if prompts_file
                    else builtin_prompts("chat")[-8:] if chat else builtin_prompts("code"))
         m = measure(gen, prompts, temperature=temperature, chat=chat)
         alpha, c = m.alpha, m.c
+        measured_at = "greedy" if not temperature else f"at T {temperature:g}"
         click.echo(m.describe())
         if costs is None:
             costs = gen.verify_costs()
@@ -230,7 +242,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
             mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
     elif alpha is None or c is None:
         raise click.UsageError("give --alpha and --c, or --bundle to measure them")
-    print_plan(alpha, c, max_gamma, mu, mu_note, costs)
+    print_plan(alpha, c, max_gamma, mu, mu_note, costs, measured_at)
     if plot_file:
         click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file, costs)}")
 
@@ -242,12 +254,14 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
                    "distribution (enumerated, not sampled): 500 test as tightly as 2000 per side compared with "
                    "a second sample would.")
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
-@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]), default="all", show_default=True,
+@click.option("--prompt-set", type=click.Choice(["code", "prose", "all", "chat"]),
               help="chat: 12 of the shipped chat prompts as user messages in the bundle's chat template (instruct "
-                   "models, and heads trained on their replies).")
+                   "models, and heads trained on their replies) [default: chat when the bundle has a chat "
+                   "template, else all].")
 @backend_option
 @threads_option
-def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str, backend: str, threads: int | None,
+def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: str | None, backend: str,
+           threads: int | None,
            thread_pool: str) -> None:
     """Check a bundle on this backend: PASS/FAIL with figures, exit code 1 on any FAIL.
 
@@ -292,8 +306,8 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
                 tasks[what] = bar.add_task(what, total=total)
             bar.update(tasks[what], completed=done)
 
-        chat = prompt_set == "chat"
-        prompts = builtin_prompts("chat")[-12:] if chat else builtin_prompts(prompt_set)
+        chat = (prompt_set or ("chat" if chat_for(gen, None) else "all")) == "chat"
+        prompts = builtin_prompts("chat")[-12:] if chat else builtin_prompts(prompt_set or "all")
         for ch in verify_bundle(gen, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                 on_progress=on_progress, chat=chat):
             checks.append(ch)

@@ -183,3 +183,15 @@ def load_bundle(bundle: str | None, **kwargs: Any):
     for note in gen.memory_notes:
         click.echo(f"note: {note}", err=True)
     return gen
+
+
+def chat_option(what: str) -> Callable:
+    """``--chat/--no-chat`` for a command that measures on prompts: default, the bundle's own chat template."""
+    return click.option("--chat/--no-chat", "chat", default=None,
+                        help=f"{what} [default: --chat when the bundle has a chat template (an instruct model), "
+                             "whose replies are what a head for it drafts; else --no-chat].")
+
+
+def chat_for(gen, chat: bool | None) -> bool:
+    """``chat`` as given, else whether the bundle has a chat template."""
+    return gen.manifest.tokenizer.chat_template is not None if chat is None else chat

@@ -159,7 +159,15 @@ def test_bench_measures_what_the_bundle_holds_unless_told(generator, chat_bundle
     res = CliRunner().invoke(main, ["bench", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeats", "1",
                                     "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert list(json.loads(out.read_text())["methods"]) == ["none", "ngram"]
+    result = json.loads(out.read_text())
+    assert list(result["methods"]) == ["none", "ngram"]
+    # An instruct bundle is measured as it is used: its chat prompts, in its template, unless told otherwise.
+    assert result["config"]["chat"] is True and result["config"]["prompts"] == 8
+    res = CliRunner().invoke(main, ["bench", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeats", "1",
+                                    "--methods", "none", "--no-chat", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    assert result["config"]["chat"] is False and result["config"]["prompts"] == len(builtin_prompts("code"))
 
 
 def test_bytes_per_token_count_what_drafted(eagle_bundle):
