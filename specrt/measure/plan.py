@@ -63,13 +63,13 @@ def stand_in_note(c: float) -> str:
 
 
 def drafting_method(manifest) -> str:
-    """The chain method ``plan`` measures: the bundle's EAGLE-3 head, else its draft model."""
+    """The chain method ``plan`` measures: the bundle's EAGLE-3 head, else its draft model, else prompt lookup
+    (ngram), which every bundle can run."""
     if manifest.eagle is not None:
         return "eagle"
     if manifest.draft is not None:
         return "draft"
-    raise ConfigError("this bundle has neither an EAGLE-3 head nor a draft model to measure (specrt export ... "
-                      "--eagle HEAD or --draft DRAFT); give --alpha and --c instead")
+    return "ngram"
 
 
 def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, str]:
@@ -78,9 +78,12 @@ def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, 
     positions from the manifest dims; and a line saying where it came from."""
     from . import roofline
 
-    drafter = manifest.eagle if drafting_method(manifest) == "eagle" else manifest.draft
     if context < 0:
         raise ConfigError(f"context must be >= 0, got {context}")
+    method = drafting_method(manifest)
+    if method == "ngram":
+        return 0.0, "μ = 0: prompt lookup drafts by matching the context, with no model arithmetic"
+    drafter = manifest.eagle if method == "eagle" else manifest.draft
     t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, drafter)
     mu = roofline.mu(d, t, drafter.dims, manifest.target.dims, context)
     sources = " and ".join(sorted({t.source, d.source}))
@@ -100,7 +103,9 @@ class Measurement:
 
     def describe(self) -> str:
         return (f"{self.method} measured on {self.prompts} prompts at temperature {self.temperature:g}: "
-                f"α = {self.alpha:.3f} (accepted/drafted {self.acceptance_rate:.3f}), c = {self.c:.3f}")
+                f"α = {self.alpha:.3f} (accepted/drafted {self.acceptance_rate:.3f}), c = {self.c:.3f}"
+                + ("; prompt lookup, the one drafter of a bundle without a head or draft model (α over the steps "
+                   "whose lookup matched)" if self.method == "ngram" else ""))
 
 
 def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, max_new_tokens: int = 64,
@@ -114,6 +119,9 @@ def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, m
     cfg = BenchConfig(methods=("none", method), max_new_tokens=max_new_tokens, repeats=1, gamma=gamma,
                       temperature=temperature, seed=seed, chat=chat)
     row = run_bench(gen, prompts, cfg)["methods"][method]
+    if row["alpha"] is None:  # prompt lookup that never found a match: nothing was drafted
+        raise ConfigError(f"{method} drafted nothing on these {len(prompts)} prompts (no n-gram of the context "
+                          "recurred): no α to plan with; try prompts that repeat their context, or give --alpha/--c")
     return Measurement(alpha=row["alpha"], acceptance_rate=row["acceptance_rate"], c=row["c"],
                        temperature=temperature, prompts=len(prompts), method=method)
 

@@ -173,9 +173,11 @@ def print_peers(result: dict, console) -> None:
 
 
 def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
-               mu_note: str | None = None, verify_costs: tuple[float, ...] | None = None) -> None:
+               mu_note: str | None = None, verify_costs: tuple[float, ...] | None = None,
+               measured_at: str | None = None) -> None:
     """``specrt plan``'s table (the optimal γ in bold green), the optimum, the oracle ceiling and where μ
-    came from (``mu_note``; without μ, c stands in for it)."""
+    came from (``mu_note``; without μ, c stands in for it). ``measured_at``: the sampling α was measured at
+    ("greedy", "T 0.7"), for the title."""
     from rich.console import Console
     from rich.table import Table
 
@@ -183,7 +185,8 @@ def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = N
 
     rows = plan_table(alpha, c, max_gamma, mu, verify_costs)
     best = max(rows, key=lambda r: r.speedup)
-    t = Table(title=f"α = {alpha:.3f}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
+    at = f" (measured {measured_at})" if measured_at else ""
+    t = Table(title=f"α = {alpha:.3f}{at}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
     for col in ("γ", "E[tokens/pass]", "cost γc+1" if verify_costs is None else "cost γc+v(γ+1)", "speedup",
                 "ops factor"):
         t.add_column(col, justify="right")

@@ -328,8 +328,12 @@ def test_plan_measures_the_head(eagle_bundle, chat_bundle):
     res = CliRunner().invoke(main, ["plan", "--bundle", str(eagle_bundle), "--temperature", "0", "--max-gamma", "4"])
     assert res.exit_code == 0, res.output
     assert "eagle measured on 8 prompts" in res.output and "head / target matmul FLOPs" in res.output
-    res = CliRunner().invoke(main, ["plan", "--bundle", str(chat_bundle)])
-    assert res.exit_code == 1 and "neither an EAGLE-3 head nor a draft model" in res.output
+    assert "α = " in res.output and "(measured greedy)" in res.output
+    # No head, no draft: prompt lookup is planned, on the chat prompts the bundle's template asks for.
+    res = CliRunner().invoke(main, ["plan", "--bundle", str(chat_bundle), "--max-gamma", "4", "--temperature", "0.7"])
+    assert res.exit_code == 0, res.output
+    assert "ngram measured on 8 prompts at temperature 0.7" in res.output and "prompt lookup" in res.output
+    assert "(measured at T 0.7)" in res.output and "μ = 0" in res.output
 
 
 def test_verify_chat_renders_each_prompt_in_the_template(chat_bundle):
