@@ -131,6 +131,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     cache: str = ""  # specrt's per-user cache folder
     verify_curves: int = 0  # verify-cost curves kept there (runtime.costs), one per graph, backend and machine
+    cpu: str = ""  # bundle.machine.cpu_name()
+    cores: tuple[int, int] = (0, 0)  # (usable by this process, online)
+    isa: tuple[list[str], list[str]] = ([], [])  # (present, missing) of bundle.machine.KERNEL_ISA
 
 
 def _gpus_from_torch() -> list[dict]:
@@ -193,13 +196,15 @@ def diagnose() -> Report:
     gpus, source = _gpus_from_nvidia_smi(), "nvidia-smi"
     if not gpus:
         gpus, source = _gpus_from_torch(), "torch"
+    from ..bundle.machine import cpu_cores, cpu_isa, cpu_name
     from ..bundle.safety import cache_dir
     from ..runtime.costs import CURVES_FOLDER
 
     cache = cache_dir()
     report = Report(python=platform.python_version(), packages=packages, ort_providers=providers, gpus=gpus,
                     gpu_source=source if gpus else None, jetson=jetson_info(), cache=str(cache),
-                    verify_curves=len(list((cache / CURVES_FOLDER).glob("*.json"))))
+                    verify_curves=len(list((cache / CURVES_FOLDER).glob("*.json"))), cpu=cpu_name(),
+                    cores=cpu_cores(), isa=cpu_isa())
     backends = available_backends()
     report.backend = backends[0] if backends else "none"
     if report.backend == "tensorrt":
@@ -231,6 +236,16 @@ def render(report: Report, bandwidth: list[dict] | None = None) -> str:
     r = report
     lines = [f"python        {r.python}", *(f"{name:<13} {version or '-'}" for name, version in r.packages.items()),
              f"ORT providers {', '.join(r.ort_providers) or '-'}"]
+    if r.cpu:
+        usable, online = r.cores
+        lines.append(f"CPU           {r.cpu}, {usable} core{'s' * (usable != 1)} usable"
+                     + (f" of {online} online" if online != usable else ""))
+    present, missing = r.isa
+    if present or missing:
+        lines.append(f"ISA           {' '.join(present) or '-'}" + (f" (lacks {' '.join(missing)})" if missing else ""))
+        if not {"avx512_vnni", "avx_vnni", "asimddp"} & set(present):
+            lines.append("note          no int8 dot-product instructions (VNNI, dotprod): int8 matmuls use plain "
+                         "multiply-adds here; `specrt export --quantize int8 --kernel auto` times both formats")
     lines += [f"GPU {g['index']}         {g['name']}, compute {g['compute_capability']}, {g['memory_gib']} GiB "
               f"(via {r.gpu_source})" for g in r.gpus] or ["GPU           none visible"]
     if r.jetson:

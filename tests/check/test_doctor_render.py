@@ -40,3 +40,24 @@ def test_json_carries_bandwidth_only_when_probed():
     assert "bandwidth" not in as_dict(_report())
     data = json.loads(json.dumps(as_dict(_report(), [{"device": "GPU", "skipped": "x"}])))
     assert data["bandwidth"] == [{"device": "GPU", "skipped": "x"}] and data["jetson"]["l4t"] == "36.4.3"
+
+
+def test_render_names_the_cpu_its_cores_and_the_instruction_sets_the_kernels_use(tmp_path):
+    from specrt.bundle.machine import cpu_isa
+
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\ncpu family\t: 25\nmodel\t\t: 1\n"
+                   "flags\t\t: fpu sse2 fma f16c avx2 avx512f avx512_vnni\n\nprocessor\t: 1\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd asimddp crc32\n")
+    assert cpu_isa(x86) == (["avx2", "fma", "f16c", "avx512f", "avx512_vnni"],
+                            ["avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16"])
+    assert cpu_isa(arm) == (["asimd", "asimddp"], ["i8mm", "bf16", "sve"])
+    assert cpu_isa(tmp_path / "absent") == ([], [])
+    report = Report("3.11.7", {}, [], cpu="AMD EPYC 7B13 (family 25, model 1)", cores=(2, 8), isa=cpu_isa(x86))
+    lines = render(report).splitlines()
+    assert "CPU           AMD EPYC 7B13 (family 25, model 1), 2 cores usable of 8 online" in lines
+    assert "ISA           avx2 fma f16c avx512f avx512_vnni (lacks avx_vnni avx512_bf16 amx_int8 amx_bf16)" in lines
+    assert not any("dot-product" in line for line in lines)
+    plain = render(Report("3.11.7", {}, [], cpu="x", cores=(1, 1), isa=(["avx2"], ["avx512_vnni"])))
+    assert "CPU           x, 1 core usable" in plain and "no int8 dot-product instructions" in plain
