@@ -217,3 +217,16 @@ def test_max_context_beyond_the_model_is_refused(tmp_path, pairs):
     t, d = pairs["llama"]
     with pytest.raises(ConfigError, match="exceeds what the models support"):
         export_bundle(str(t), str(d), tmp_path / "out", ExportOptions(max_context=100_000))
+
+
+def test_a_bundle_is_an_ordinary_folder_with_the_users_file_modes(bundles):
+    """Staged in a private temporary folder, published with the modes the umask gives new files (0o755 / 0o644
+    under 022), so a service account or a container user can read what was exported."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    bundle = bundles["llama"]
+    assert bundle.stat().st_mode & 0o777 == 0o777 & ~umask
+    for path in bundle.rglob("*"):
+        assert path.stat().st_mode & 0o777 == (0o777 if path.is_dir() else 0o666) & ~umask, path
