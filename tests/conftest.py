@@ -145,6 +145,20 @@ def gqa_static_close_bundle(close_pair, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def eagle_static_bundle(tmp_path_factory) -> Path:
+    """A tiny llama target and a random EAGLE-3 head, both as static-shape GroupQueryAttention graphs."""
+    from support.models import save_eagle_head
+
+    from specrt.export.exporter import ExportOptions, export_bundle
+
+    root = tmp_path_factory.mktemp("eagle-static")
+    target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
+    head = save_eagle_head(root / "head", target, seed=3, draft_vocab=240, ascending=False)
+    export_bundle(str(target), None, root / "bundle", ExportOptions(graph="gqa-static"), eagle=str(head))
+    return root / "bundle"
+
+
+@pytest.fixture(scope="session")
 def self_bundle(pairs, tmp_path_factory) -> Path:
     """Draft == target: greedy chains are always fully accepted (exercises the draft's catch-up)."""
     from specrt.export.exporter import export_bundle

@@ -1,7 +1,8 @@
 """The ONNX decoder contract, declared once; exporter, manifest and runtime all read it from here.
 
 One graph per model serves prefill (P = 0), single-token decode, chain verification and tree
-verification. See docs/design/contract.md for the reasoning behind each choice.
+verification (a gqa-static graph, below, all but the last). See docs/design/contract.md for the reasoning
+behind each choice.
 
 Shapes (B = batch, Q = new tokens, P = past length, S = P + Q, H_kv = kv heads, D = head dim):
 
@@ -78,15 +79,16 @@ def new_value(layer: int) -> str:
 GQA_GRAPH = "gqa"
 
 # The gqa graph with static shapes (export/graph/gqa_static.py), for ONNX Runtime's CUDA-graph mode: the lengths come
-# from a bound input instead of the mask's width, and the mask spans the whole cache buffer, so a pass of Q rows has
-# the same shapes (and, bound once, the same addresses) every step:
+# from a bound input instead of the mask's width, so a pass of Q rows has the same shapes (and, bound once, the same
+# addresses) every step. It takes NO attention_mask: ONNX Runtime's CUDA GroupQueryAttention refuses any
+# attention_bias, so the graph is causal only (new row i sees cache rows 0 .. past + i): prefills, plain steps and
+# chains, never a token tree.
 #
 #     seqlens_k       int32    [B]                  past + Q - 1: the op writes the Q rows at past .. past + Q - 1
-#     attention_mask  bool     [B, 1, Q, capacity]  column j = cache row j (the new rows are columns past ..
-#                                                   past + Q - 1); columns from past + Q on are never read
 GQA_STATIC_GRAPH = "gqa-static"
 SEQLENS_K = "seqlens_k"
 SHARED_KV_GRAPHS = (GQA_GRAPH, GQA_STATIC_GRAPH)  # one head-major buffer per layer, read and written in place
+CAUSAL_ONLY_GRAPHS = (GQA_STATIC_GRAPH,)  # no attention_mask input: they cannot verify a token tree
 
 
 def present_key(layer: int) -> str:
@@ -133,7 +135,7 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     """The (inputs, outputs) of a graph with the given dims and weight/KV dtype. ``tap_width``: a decoder's
     ``eagle_taps`` output width (0: none), or an EAGLE-3 head's ``eagle_taps`` input width. ``graph``
     :data:`GQA_GRAPH`: the shared head-major cache buffers (past_key.N in, present_key.N out);
-    :data:`GQA_STATIC_GRAPH`: the same, with :data:`SEQLENS_K` and a mask as wide as the buffer.
+    :data:`GQA_STATIC_GRAPH`: the same, with :data:`SEQLENS_K` and no attention mask (causal only).
     ``logits_index``: the graph takes :data:`LOGITS_INDEX` (after the cache inputs, as the wrappers trace it)
     and returns logits for those rows only."""
     if dtype not in DTYPES:
@@ -145,11 +147,9 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
     kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
     static = graph == GQA_STATIC_GRAPH
-    inputs = [
-        TensorSpec(INPUT_IDS, "int64", ("batch", "query")),
-        TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
-        TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "capacity" if static else "past_plus_query")),
-    ]
+    inputs = [TensorSpec(INPUT_IDS, "int64", ("batch", "query")), TensorSpec(POSITION_IDS, "int64", ("batch", "query"))]
+    if graph not in CAUSAL_ONLY_GRAPHS:
+        inputs.append(TensorSpec(ATTENTION_MASK, "bool", ("batch", 1, "query", "past_plus_query")))
     if kind == "eagle3":
         inputs += [TensorSpec(EAGLE_TAPS, dtype, ("batch", "query", tap_width)),
                    TensorSpec(EAGLE_FEATURES, dtype, ("batch", "query", dims.hidden_size))]

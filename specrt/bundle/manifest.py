@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import BundleError
 from . import safety
-from .contract import DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
+from .contract import CAUSAL_ONLY_GRAPHS, DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
 from .external_data import check_external_data
 from .graph_io import check_graph_dims, check_heads_dims
 from .validate import GRAPHS, MAX_MEDUSA_HEADS, ROLES, Fields, check_ids, check_medusa_tree, finite
@@ -78,6 +78,12 @@ class ModelEntry:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise BundleError(f"model {name} must be a non-negative integer, got {value!r}")
+
+    @property
+    def takes_mask(self) -> bool:
+        """Whether the graph takes an attention mask, and so can verify token trees; a causal-only graph
+        (contract.CAUSAL_ONLY_GRAPHS: gqa-static) runs prefills, plain steps and chains only."""
+        return self.graph not in CAUSAL_ONLY_GRAPHS
 
     def io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         return decoder_io(self.dims, self.dtype, self.kind, self.tap_width, self.graph, self.logits_index)
@@ -236,6 +242,12 @@ class Manifest:
     def eagle(self) -> ModelEntry | None:
         """The EAGLE-3 head, where the bundle has one."""
         return self.models.get("eagle")
+
+    @property
+    def runs_trees(self) -> bool:
+        """Whether methods that verify token trees can run on this bundle: every graph takes a mask (a
+        gqa-static bundle's are causal only: its tree methods are refused, and ``auto`` runs a chain)."""
+        return all(e.takes_mask for e in self.models.values())
 
     def to_json(self) -> dict[str, Any]:
         return {

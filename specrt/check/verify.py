@@ -285,8 +285,8 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
         if entry.kind == "decoder":
             yield check_golden(gen, role)
     head = gen.manifest.eagle is not None
-    methods = ((["eagle", "eagle-tree"] if head else []) + (["draft"] if gen.manifest.draft is not None else [])
-               + ["ngram"])
+    trees = ["eagle-tree"] if head and gen.manifest.runs_trees else []  # a causal-only graph verifies no trees
+    methods = (["eagle", *trees] if head else []) + (["draft"] if gen.manifest.draft is not None else []) + ["ngram"]
     plain: dict[bool, list] = {}  # plain decoding's results per prompt, by row_stable
 
     def plain_runs(stable: bool) -> list:
@@ -305,6 +305,6 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
             # (a verify pass's in-loop time over the engine-only curve v(γ+1) made a same-size draft look cheap).
             yield check_draft_pays(alpha, draft_cost_ratio(draft_pass, plain_runs(False)), method,
                                    verify_costs=gen.verify_costs())
-    for method in methods[:2] if head else methods[:1]:  # the chain, and the tree's point-mass acceptance
+    for method in methods[:1 + len(trees)]:  # the chain, and the tree's point-mass acceptance where it runs
         step = (lambda done, m=method: on_progress(f"sampling {m}", done, samples)) if on_progress else None
         yield check_sampling(gen, method, prompts[0], samples, gamma, on_sample=step, chat=chat)

@@ -36,8 +36,8 @@ from .options import (
               help="fused: rotary, attention, RMS norm and packed projections as single opset-23 nodes (a ~2.5x "
                    "smaller graph, faster on ONNX Runtime); gqa: fused, with ONNX Runtime's GroupQueryAttention "
                    "writing one KV buffer per layer in place (nothing re-bound per step; ONNX Runtime only); "
-                   "gqa-static: gqa with fixed shapes per row count, so ONNX Runtime CUDA replays verify steps as "
-                   "CUDA graphs (docs/gpu.md); "
+                   "gqa-static: gqa with fixed shapes per row count and no mask, so ONNX Runtime CUDA replays verify "
+                   "steps as CUDA graphs; causal only: chains and plain decoding, no tree methods (docs/gpu.md); "
                    "portable: plain ops, for TensorRT (`specrt build`). "
                    "auto: fused where the architecture has it (llama, mistral, qwen2, qwen3, phi3, gemma2, "
                    "gemma3_text: all but gpt2) with the dynamo exporter.")

@@ -101,14 +101,15 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
     next; a bundle without a drafter is told plainly that prompt lookup rarely speeds up a sampled reply."""
     from ..runtime.drafters import auto_method
 
-    method = auto_method(manifest.eagle is not None, "draft" in manifest.models)
+    method = auto_method(manifest.eagle is not None, "draft" in manifest.models, manifest.runs_trees)
     bench = f"next: specrt bench --bundle {folder} --methods none,{method}"
     if method == "ngram":
         return ("auto will run ngram (prompt lookup): the bundle has no draft model or EAGLE-3 head. It pays where a "
                 "reply repeats its prompt; sampled, it can be slower than plain decoding. For a speedup on this "
                 "model, add a drafter: an EAGLE-3 head (specrt eagle train MODEL -o HEAD, then specrt export MODEL "
                 "--eagle HEAD; docs/eagle.md) or a smaller model with the same tokenizer (--draft).\n" + bench)
-    what = "the EAGLE-3 head's tree" if method == "eagle-tree" else "the draft model's chain"
+    what = {"eagle-tree": "the EAGLE-3 head's tree", "eagle": "the EAGLE-3 head's chain: gqa-static graphs verify no "
+            "trees"}.get(method, "the draft model's chain")
     return f"auto will run {method} ({what}).\n{bench}"
 
 

@@ -41,10 +41,13 @@ def drafter_class(method: str) -> type[Drafter]:
     return METHODS.get(method, Drafter)
 
 
-def auto_method(has_eagle: bool, has_draft: bool) -> str:
-    """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree, else its draft model's chain, else
-    prompt lookup, which needs no model (the one rule: the generator and ``specrt export``'s closing line read it)."""
-    return "eagle-tree" if has_eagle else "draft" if has_draft else "ngram"
+def auto_method(has_eagle: bool, has_draft: bool, trees: bool = True) -> str:
+    """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree (its chain where the bundle runs no
+    trees: ``trees`` False, Manifest.runs_trees), else its draft model's chain, else prompt lookup, which needs no
+    model (the one rule: the generator and ``specrt export``'s closing line read it)."""
+    if has_eagle:
+        return "eagle-tree" if trees else "eagle"
+    return "draft" if has_draft else "ngram"
 
 
 def proposes_trees(method: str) -> bool:

@@ -22,6 +22,7 @@ from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, m
                     remembered_verify_costs)
 from .drafters import METHODS, Drafter, DrafterContext, auto_method
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
+from .masks import TREES_NEED
 from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
 from .tree import DynamicTree
@@ -245,10 +246,10 @@ class SpeculativeGenerator:
     def default_method(self) -> str:
         """What ``method="auto"`` runs: the best this bundle holds: its EAGLE-3 head's dynamic tree (sized by
         what this backend's rows and head passes cost, it is never much worse than the head's chain and beat it
-        greedy and sampled, fp32 and int8, on SmolLM2: docs/performance/smollm2-eagle3-cpu.md), else a draft
-        model's chain, else prompt lookup (no model; exact, and never slower than plain decoding by more than
-        its lookup)."""
-        return auto_method(self.manifest.eagle is not None, "draft" in self._models)
+        greedy and sampled, fp32 and int8, on SmolLM2: docs/performance/smollm2-eagle3-cpu.md; its chain where the
+        bundle's graphs are causal only, Manifest.runs_trees), else a draft model's chain, else prompt lookup (no
+        model; exact, and never slower than plain decoding by more than its lookup)."""
+        return auto_method(self.manifest.eagle is not None, "draft" in self._models, self.manifest.runs_trees)
 
     def resolve_method(self, method: str) -> str:
         return self.default_method if method == AUTO else method
@@ -257,6 +258,10 @@ class SpeculativeGenerator:
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}; choose from {AUTO}, {', '.join(METHODS)}")
         cls = METHODS[method]
+        if cls.proposes_trees and not self.manifest.runs_trees:  # its graphs take no mask (contract.CAUSAL_ONLY_GRAPHS)
+            raise ConfigError(f"method {method!r} verifies token trees and this bundle's "
+                              f"{self.manifest.target.graph} graphs are causal only; run a chain method (eagle, "
+                              f"draft, ngram), or re-export: {TREES_NEED}")
         if cls.needs_draft_model and "draft" not in self._models:
             raise ConfigError(f"method {method!r} needs a draft model and this bundle has none")
         if cls.needs_medusa and self._heads is None:

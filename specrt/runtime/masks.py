@@ -5,6 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 _ALL = np.ones(0, dtype=bool)  # grows; read-only views of it are the one-token masks
+_TRIL: dict[int, np.ndarray] = {}  # Q -> the [Q, Q] lower triangle a causal pass's new columns hold
+
+# What a tree method needs where a bundle's graphs are causal only (contract.CAUSAL_ONLY_GRAPHS: gqa-static).
+TREES_NEED = "tree methods need a bundle exported with --graph gqa (ONNX Runtime) or --graph portable (TensorRT)"
 
 
 def causal_mask(q_len: int, past_len: int) -> np.ndarray:
@@ -57,3 +61,16 @@ def speculation_mask(past_len: int, prefix_len: int, parents: tuple[int, ...] | 
         mask[m:] = tree[0, 0]
         positions[m:] = past_len + m + depth
     return mask[None, None], positions
+
+
+def is_causal(mask: np.ndarray, past_len: int) -> bool:
+    """Whether ``mask`` [1, 1, Q, past_len + Q] is exactly the causal one: row i sees columns < past_len + i + 1
+    (what a causal-only graph computes without a mask); a tree's or an EAGLE expansion's is not."""
+    m = mask[0, 0]
+    q = m.shape[0]
+    if m.shape[1] != past_len + q or not m[:, :past_len].all():
+        return False
+    tril = _TRIL.get(q)
+    if tril is None:
+        tril = _TRIL[q] = np.tri(q, dtype=bool)
+    return np.array_equal(m[:, past_len:], tril)

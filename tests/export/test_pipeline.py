@@ -46,5 +46,8 @@ def test_the_export_says_what_auto_runs_and_what_to_do_next(bundles, eagle_bundl
     assert "specrt eagle train MODEL -o HEAD" in said and said.endswith("specrt bench --bundle smol --methods none,ngram")
     assert next_steps(pair, "b").startswith("auto will run draft (the draft model's chain)")
     assert next_steps(load_manifest(eagle_bundle), "e").startswith("auto will run eagle-tree")
+    head = load_manifest(eagle_bundle)  # gqa-static graphs are causal only: auto runs the head's chain
+    static = replace(head, models={r: replace(e, graph="gqa-static") for r, e in head.models.items()})
+    assert next_steps(static, "s").startswith("auto will run eagle (the EAGLE-3 head's chain")
     for bundle, method in ((bundles["llama"], "draft"), (eagle_bundle, "eagle-tree")):
         assert specrt.load(bundle, threads=1).default_method == method

@@ -4,12 +4,15 @@ The decoder runs the static gqa graph with its cache and logits in stand-in devi
 in a stand-in of ORT's CUDA-graph mode (tests/support/ort_graph_standin.py): every bucket's run binds the
 same addresses, is warmed up, captured once and replayed after; prefills and passes wider than every
 bucket run eagerly; a rejected draft needs no undo; the greedy tokens are those of the CPU's eager path
-and of plain decoding. The real GPU's test is at the end, skipped where no CUDA provider exists.
+and of plain decoding. The graph is causal only (ORT's CUDA GroupQueryAttention refuses any attention_bias,
+and so does the stand-in): chains run, trees are refused in one line. The real GPU's test is at the end,
+skipped where no CUDA provider exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,15 +21,15 @@ from support.ort_graph_standin import CudaGraphStandIn
 
 import specrt
 from specrt.bundle.manifest import load_manifest
-from specrt.errors import BundleError
+from specrt.errors import BundleError, ConfigError
 from specrt.runtime.backends import base
 from specrt.runtime.backends.onnxruntime import OrtDecoder, OrtHeads
 from specrt.runtime.backends import ort_graphs
 from specrt.runtime.backends.ort_graphs import graph_problem, open_session
-from specrt.runtime.masks import causal_mask
+from specrt.runtime.masks import causal_mask, tree_mask
 
 PROMPTS = ["def fib(n):", "import os\nimport sys\n"]
-RUNS = [("none", {}), ("draft", {"gamma": 4}), ("tree", {"tree": "2,2,1"})]
+RUNS = [("none", {}), ("draft", {"gamma": 4})]  # a gqa-static bundle runs no trees
 
 
 def captured(buckets=(1, 2, 4, 8, 16)):
@@ -35,7 +38,8 @@ def captured(buckets=(1, 2, 4, 8, 16)):
     def factory(bundle_dir, entry, threads=None, role="target", low_memory=None):
         memory = HostMemory()
         return OrtDecoder(bundle_dir, entry, threads=1, role=role, memory=memory, device_logits=True, graphs=True,
-                          buckets=buckets, wrap_session=lambda session: CudaGraphStandIn(session, memory))
+                          buckets=buckets,
+                          wrap_session=lambda s: CudaGraphStandIn(s, memory, Path(bundle_dir) / entry.file))
 
     return factory
 
@@ -75,9 +79,9 @@ def test_captured_steps_give_the_tokens_of_the_cpu_and_of_plain_decoding(gqa_sta
         assert len(widths) == len(set(widths)) and set(widths) <= set(decoder.steps.buckets)
         assert decoder.graph_status.startswith("CUDA graphs: buckets")
     prefills = [kind for _, kind in _events(gen)].count("eager")
-    if backend == "ort-graphs":  # trees of 6 rows and chains of 5 fit a bucket: only the prefills ran eagerly
+    if backend == "ort-graphs":  # chains of 5 fit a bucket: only the prefills ran eagerly
         assert prefills == len(PROMPTS) * len(RUNS)
-    else:  # chains of 5 and trees of 6 leave buckets (1, 2): they ran eagerly, between replays
+    else:  # chains of 5 leave buckets (1, 2): they ran eagerly, between replays
         assert prefills > len(PROMPTS) * len(RUNS)
 
 
@@ -101,21 +105,37 @@ def test_a_bucket_binds_its_buffers_once_and_device_memory_only(gqa_static_close
             if name.startswith(("past_key", "present_key")):
                 layer = int(name.rsplit(".", 1)[1])
                 assert ptr == cache.key_ptrs[layer] and shape[2] == cache.max_context
-    # a plain or chain step writes no mask: the op's causality is its mask
-    assert all(step.mask.sent == 0 for step in decoder.steps.steps.values())
+    # no step binds a mask: the op's causality is a plain or chain step's mask
+    assert all(name != "attention_mask" for step in decoder.steps.steps.values() for name, _ in step.binding.bound)
 
 
-def test_a_tree_mask_reaches_the_bucket_and_is_undone_after(gqa_static_close_bundle, graph_backends):
+def test_trees_are_refused_in_one_line_and_auto_runs_a_chain(gqa_static_close_bundle, graph_backends):
     gen = specrt.load(gqa_static_close_bundle, backend="ort-graphs")
-    gen.generate(PROMPTS[0], max_new_tokens=16, method="tree", tree="2,2,1")
-    steps = gen._models["target"].decoder.steps.steps.values()
-    assert any(step.mask.sent for step in steps)
-    gen.generate(PROMPTS[0], max_new_tokens=4, method="none")  # plain steps after a tree: all visible again
-    for step in steps:
-        device = view(step.io["attention_mask"], step.mask.host.shape, bool)
-        assert np.array_equal(device, step.mask.host)
-        if step.rows == 1:
-            assert device.all()
+    for method in ("tree", "medusa"):
+        with pytest.raises(ConfigError, match="causal only.*--graph gqa") as e:
+            gen.generate(PROMPTS[0], max_new_tokens=8, method=method)
+        assert "\n" not in str(e.value) and repr(method) in str(e.value)
+    assert gen.default_method == "draft"
+    assert gen.generate(PROMPTS[0], max_new_tokens=8, gamma=3).stats.method == "draft"
+    # the backend's own check, below the generator's: a tree's mask on the causal-only graph
+    decoder, cache = gen._models["target"].decoder, gen._models["target"].cache
+    cache.truncate(0)
+    decoder.forward(cache, np.arange(3, 8), np.arange(5), causal_mask(5, 0))
+    cache.length = 5
+    mask, depth = tree_mask((-1, 0, 0), 5)
+    with pytest.raises(ConfigError, match="gqa-static graph, causal only.*--graph gqa"):
+        decoder.forward(cache, np.array([4, 5, 6]), 5 + depth, mask)
+
+
+def test_the_stand_in_refuses_attention_bias_as_cuda_does(gqa_close_bundle):
+    """The gqa graph feeds its mask to GroupQueryAttention as attention_bias: ORT's CUDA kernel fails its every
+    run, eager or captured, and so does the stand-in (a static graph that regains a bias fails here too)."""
+    entry = load_manifest(gqa_close_bundle).target
+    memory = HostMemory()
+    dec = OrtDecoder(gqa_close_bundle, entry, threads=1, memory=memory, graphs=True,
+                     wrap_session=lambda s: CudaGraphStandIn(s, memory, gqa_close_bundle / entry.file))
+    with pytest.raises(BundleError, match="attention_bias is not supported in GroupQueryAttention cuda kernel"):
+        dec.forward(dec.new_cache(16), np.arange(3, 6), np.arange(3), causal_mask(3, 0))
 
 
 def _rows(cache, length: int) -> list[np.ndarray]:
@@ -129,7 +149,7 @@ def test_cache_rows_after_a_rejection_equal_a_fresh_run_s(gqa_static_close_bundl
     entry = load_manifest(gqa_static_close_bundle).target
     memory = HostMemory()
     dec = OrtDecoder(gqa_static_close_bundle, entry, threads=1, memory=memory, graphs=True,
-                     wrap_session=lambda s: CudaGraphStandIn(s, memory))
+                     wrap_session=lambda s: CudaGraphStandIn(s, memory, gqa_static_close_bundle / entry.file))
     fresh = OrtDecoder(gqa_static_close_bundle, entry, threads=1, memory=HostMemory(), graphs=False)
     prompt = np.arange(3, 10)
     caches = [dec.new_cache(32), fresh.new_cache(32)]
@@ -150,27 +170,19 @@ def test_cache_rows_after_a_rejection_equal_a_fresh_run_s(gqa_static_close_bundl
     assert [kind for _, kind in dec.session.events] == ["eager", "warmup", "warmup"]  # buckets 4 and 2
 
 
-def test_eagle_heads_and_targets_replay_their_steps(eagle_static_bundle, graph_backends):
+def test_eagle_heads_and_targets_replay_their_chains(eagle_static_bundle, graph_backends):
+    """The head's chain passes are causal (catch-up and one-row steps), so its gqa-static graph runs them; its
+    dynamic tree (expansion masks, a tree verify) is refused, and auto runs the chain."""
     reference = specrt.load(eagle_static_bundle, threads=1)
     gen = specrt.load(eagle_static_bundle, backend="ort-graphs")
-    for kwargs in (dict(method="eagle", gamma=3), dict(method="eagle-tree", eagle_tree="2,3,5")):
+    assert gen.default_method == "eagle"
+    for kwargs in (dict(method="eagle", gamma=3), dict(method="auto", gamma=2)):
         want = reference.generate(PROMPTS[0], max_new_tokens=20, **kwargs).token_ids
         assert gen.generate(PROMPTS[0], max_new_tokens=20, **kwargs).token_ids == want, kwargs
     for role in ("target", "eagle"):
         assert "replay" in {kind for _, kind in _events(gen, role)}, role
-
-
-@pytest.fixture(scope="module")
-def eagle_static_bundle(tmp_path_factory):
-    from support.models import make_tokenizer, save_eagle_head, save_model
-
-    from specrt.export.exporter import ExportOptions, export_bundle
-
-    root = tmp_path_factory.mktemp("eagle-static")
-    target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
-    head = save_eagle_head(root / "head", target, seed=3, draft_vocab=240, ascending=False)
-    export_bundle(str(target), None, root / "bundle", ExportOptions(graph="gqa-static"), eagle=str(head))
-    return root / "bundle"
+    with pytest.raises(ConfigError, match="'eagle-tree' verifies token trees"):
+        gen.generate(PROMPTS[0], max_new_tokens=4, method="eagle-tree")
 
 
 def test_where_capture_is_impossible_one_line_says_why(gqa_close_bundle, gqa_static_close_bundle, capsys,

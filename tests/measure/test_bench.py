@@ -1,4 +1,6 @@
+import dataclasses
 import json
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -155,6 +157,9 @@ def test_bench_measures_what_the_bundle_holds_unless_told(generator, chat_bundle
     from specrt.measure.bench import default_methods
 
     assert default_methods(generator) == ("none", "draft", "tree", "ngram")
+    m = generator.manifest  # a gqa-static bundle's graphs are causal only: no tree methods
+    static = dataclasses.replace(m, models={r: dataclasses.replace(e, graph="gqa-static") for r, e in m.models.items()})
+    assert default_methods(types.SimpleNamespace(manifest=static)) == ("none", "draft", "ngram")
     out = tmp_path / "b.json"
     res = CliRunner().invoke(main, ["bench", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeats", "1",
                                     "--json", str(out)])

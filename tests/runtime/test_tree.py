@@ -8,7 +8,7 @@ import pytest
 
 import specrt
 from specrt.errors import ConfigError
-from specrt.runtime.masks import causal_mask, speculation_mask
+from specrt.runtime.masks import causal_mask, is_causal, speculation_mask
 from specrt.runtime.tree import TokenTree, TreeShape
 
 
@@ -37,6 +37,12 @@ def test_speculation_mask_against_hand_built_reference():
     assert pos.tolist() == [2, 3, 4, 4, 5]
     plain, plain_pos = speculation_mask(3, 4)
     assert np.array_equal(plain, causal_mask(4, 3)) and plain_pos.tolist() == [3, 4, 5, 6]
+    # what a causal-only graph (gqa-static) can run: a chain's mask and nothing else
+    assert is_causal(plain, 3) and is_causal(causal_mask(1, 9), 9) and is_causal(causal_mask(5, 0), 0)
+    assert not is_causal(mask, 2) and not is_causal(plain, 2)  # a tree; a mask of another past
+    skip = causal_mask(3, 4).copy()
+    skip[0, 0, 2, 1] = False  # an EAGLE expansion hides a past row the cache holds
+    assert not is_causal(skip, 4)
 
 
 @pytest.fixture(scope="module")

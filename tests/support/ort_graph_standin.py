@@ -8,17 +8,34 @@ replays what was captured. A replay reads the addresses bound at capture, whatev
 and copies nothing to host-bound outputs; the stand-in asserts instead that every captured run binds the
 same names, shapes, types and addresses as at capture, all of them in (stand-in) device memory. Each run
 is then executed on the CPU session, reading and writing those addresses as the GPU would.
+
+And what its kernels refuse that the CPU's accept: the CUDA GroupQueryAttention kernel fails every run of a
+node with an ``attention_bias`` input (:func:`cuda_gqa_refusal`), so a graph that regains one fails here too.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from support.fake_device import HostMemory
 
 WARMUP_RUNS = 1  # runs of a graph id before ORT captures it
+GQA_BIAS = 10  # com.microsoft.GroupQueryAttention's attention_bias input
+
+
+def cuda_gqa_refusal(model) -> str | None:
+    """What ONNX Runtime's CUDA provider says when it runs this graph (an ``onnx.ModelProto``), or None: its
+    GroupQueryAttention kernel returns INVALID_ARGUMENT for any attention_bias, in every release to date
+    (contrib_ops/cuda/bert/group_query_attention.cc)."""
+    for n in model.graph.node:
+        if n.op_type == "GroupQueryAttention" and len(n.input) > GQA_BIAS and n.input[GQA_BIAS]:
+            return (f"[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running "
+                    f"GroupQueryAttention node. Name:'{n.name}' Status Message: attention_bias is not supported in "
+                    "GroupQueryAttention cuda kernel.")
+    return None
 
 
 class RecordingBinding:
@@ -48,10 +65,14 @@ class RecordingBinding:
 
 
 class CudaGraphStandIn:
-    """Wraps an ``ort.InferenceSession``; ``events`` lists (graph id, "eager" | "warmup" | "capture" | "replay")."""
+    """Wraps an ``ort.InferenceSession`` over the graph at ``path``; ``events`` lists (graph id, "eager" | "warmup" |
+    "capture" | "replay")."""
 
-    def __init__(self, session, memory: HostMemory) -> None:
+    def __init__(self, session, memory: HostMemory, path: Path) -> None:
+        import onnx
+
         self.session, self.memory = session, memory
+        self.refusal = cuda_gqa_refusal(onnx.load(str(path), load_external_data=False))
         self.events: list[tuple[int, str]] = []
         self.captured: dict[int, dict] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}  # graph id -> the input_ids shape it runs
@@ -61,6 +82,8 @@ class CudaGraphStandIn:
         return RecordingBinding(self.session.io_binding())
 
     def run_with_iobinding(self, binding: RecordingBinding, run_options=None) -> None:
+        if self.refusal:  # ORT raises its own untyped error from the kernel, in any run of the session
+            raise RuntimeError(self.refusal)
         graph_id = run_options.get_run_config_entry("gpu_graph_id") if run_options is not None else ""
         assert graph_id, "a run without gpu_graph_id would be captured as ORT's own graph 0"
         graph_id = int(graph_id)

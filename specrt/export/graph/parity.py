@@ -1,4 +1,5 @@
-"""ONNX Runtime vs the Hugging Face model itself, on the five ways the runtime calls a decoder.
+"""ONNX Runtime vs the Hugging Face model itself, on the five ways the runtime calls a decoder (four on a causal-only
+graph, gqa-static, which verifies no trees).
 
 The reference is always HF's own full forward over the whole sequence (no cache), computed in fp32
 whatever the export dtype (an fp16 model's weights are upcast one module at a time), so the check
@@ -27,7 +28,7 @@ from ...bundle.parity import (
 )
 from ...errors import ParityError
 from ...runtime.backends.onnxruntime import low_memory_options, session_options
-from ...runtime.masks import causal_mask, tree_mask
+from ...runtime.masks import causal_mask, is_causal, tree_mask
 
 PROMPT_LEN = 7
 CHAIN_LEN = 5
@@ -152,7 +153,8 @@ class OrtDecoder:
         self.new_names = [n for i in range(dims.num_layers) for n in (C.new_key(i), C.new_value(i))]
         self.shared_kv = C.present_key(0) in self.outputs
         self.indexed = any(i.name == C.LOGITS_INDEX for i in self.session.get_inputs())
-        self.static = any(i.name == C.SEQLENS_K for i in self.session.get_inputs())  # a gqa-static graph
+        # A gqa-static graph: lengths from seqlens_k, no mask (causal only: contract.CAUSAL_ONLY_GRAPHS).
+        self.static = any(i.name == C.SEQLENS_K for i in self.session.get_inputs())
 
     def __call__(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]):
         """(logits [Q, V], new K/V [1, Q, H_kv, D] each, eagle_taps [Q, width] or None when the graph has no
@@ -181,10 +183,11 @@ class OrtDecoder:
         p = past[0].shape[1]
         buffers = [np.zeros((1, self.dims.num_kv_heads, p + q_len + 3, self.dims.head_dim), self.np_dtype)
                    for _ in past]
-        if self.static:  # the lengths from seqlens_k; the mask as wide as the buffer (columns = its rows)
-            wide = np.zeros((1, 1, q_len, p + q_len + 3), bool)
-            wide[..., :p + q_len] = feed[C.ATTENTION_MASK]
-            feed = {**feed, C.ATTENTION_MASK: wide, C.SEQLENS_K: np.array([p + q_len - 1], np.int32)}
+        if self.static:  # the lengths from seqlens_k; no mask, so only a causal one can be asked for
+            if not is_causal(feed[C.ATTENTION_MASK], p):
+                raise ValueError("a gqa-static graph is causal only: it cannot run this mask")
+            feed = {k: v for k, v in feed.items() if k != C.ATTENTION_MASK}
+            feed[C.SEQLENS_K] = np.array([p + q_len - 1], np.int32)
         for buf, rows in zip(buffers, past):
             buf[:, :, :p] = rows.transpose(0, 2, 1, 3)
         binding = self.session.io_binding()
@@ -210,19 +213,20 @@ class OrtDecoder:
 
 def onnx_outputs(onnx_path: Path, dims: C.ModelDims, dtype: str, cases: ParityCases
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
-    """The exported graph's logits for every case, each called the way the runtime calls it, and its
-    ``eagle_taps`` where it has that output (else None)."""
+    """The exported graph's logits for every case (but the tree on a causal-only graph), each called the way the
+    runtime calls it, and its ``eagle_taps`` where it has that output (else None)."""
     ort_model = OrtDecoder(onnx_path, dims, dtype)
     p = len(cases.prompt)
     pre, pre_kv, pre_taps = ort_model(cases.prompt, np.arange(p), causal_mask(p, 0), ort_model.empty_past())
     n = len(cases.chain)
     mask, depth = tree_mask(TREE_PARENTS, p)
     far = len(cases.far)
+    tree = {} if ort_model.static else {"tree": ort_model(cases.tree, p + depth, mask, pre_kv)}
     runs = {
         "prefill": (pre, pre_kv, pre_taps),
         "decode": ort_model(cases.chain[:1], np.array([p]), causal_mask(1, p), pre_kv),
         "chain": ort_model(cases.chain, np.arange(p, p + n), causal_mask(n, p), pre_kv),
-        "tree": ort_model(cases.tree, p + depth, mask, pre_kv),
+        **tree,
         "far": ort_model(cases.far, np.arange(cases.far_start, cases.far_start + far), causal_mask(far, 0),
                          ort_model.empty_past()),
     }
@@ -242,7 +246,7 @@ def check_parity(reference: dict[str, np.ndarray], cases: ParityCases, onnx_path
     """
     tol = PARITY_TOLERANCE[dtype] if tolerance is None else tolerance
     got, got_taps = onnx_outputs(onnx_path, dims, dtype, cases)
-    figures = {case: compare_logits(reference[case], got[case]) for case in reference}
+    figures = {case: compare_logits(reference[case], got[case]) for case in reference if case in got}
     bad = {k: f for k, f in figures.items() if not within(f, tol)}
     if bad:
         detail = ", ".join(f"{k} rel {f['rel']:.3g} kl {f['kl']:.3g}" for k, f in bad.items())
@@ -251,7 +255,7 @@ def check_parity(reference: dict[str, np.ndarray], cases: ParityCases, onnx_path
     if taps_reference is not None:
         if got_taps is None:
             raise ParityError(f"{onnx_path.name} has no {C.EAGLE_TAPS} output")
-        for case, ref in taps_reference.items():
+        for case, ref in ((c, r) for c, r in taps_reference.items() if c in got_taps):
             f = compare_states(ref, got_taps[case], dims.hidden_size)
             figures[case].update(taps_abs=f["abs"], taps_rel=f["rel"])
         bad_taps = {k: f["taps_rel"] for k, f in figures.items() if "taps_rel" in f and not f["taps_rel"] <= tol.rel}

@@ -4,8 +4,9 @@ On the CUDA execution provider the cache lives in device memory (:class:`~specrt
 and is bound by device address, so only ids, positions and the mask go up; the logits stay in device
 memory too, and the step reads them through the logits summary graph run on the same provider
 (:class:`~specrt.runtime.backends.summary.SummaryLogits`: top logits and the normaliser, a whole row only when
-they cannot decide). On a static gqa graph (contract.GQA_STATIC_GRAPH) the verify steps replay CUDA graphs
-through ORT's own CUDA-graph mode (:mod:`.ort_graphs`); other graphs' shapes grow every step: eager.
+they cannot decide). On a static gqa graph (contract.GQA_STATIC_GRAPH: causal only, no mask goes up) the verify steps
+replay CUDA graphs through ORT's own CUDA-graph mode (:mod:`.ort_graphs`); other graphs' shapes grow every step:
+eager.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import numpy as np
 
 from ...bundle import contract as C
 from ...bundle.manifest import ModelEntry
-from ...errors import BundleError
+from ...errors import BundleError, ConfigError
 from ..kvcache import KVCache
+from ..masks import TREES_NEED, is_causal
 from .base import DecoderOutput, check_threads, register_backend
 from .buckets import DEFAULT_BUCKETS
 from .cuda import CudaMemory, DeviceKVCache, DeviceMemory
-from .ort_graphs import EAGER_ID, CapturedSteps, graph_problem, open_session, run_options, say_once, write_wide_mask
+from .ort_graphs import EAGER_ID, CapturedSteps, graph_problem, open_session, run_options, say_once
 from .summary import SummaryLogits, row_readers, summary_buffers
 
 
@@ -280,6 +282,8 @@ class OrtDecoder:
         types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
         problem = C.io_mismatch(entry.io(), types(self.session.get_inputs()), types(self.session.get_outputs()))
         if problem:
+            if entry.graph == C.GQA_STATIC_GRAPH and f"unexpected {C.ATTENTION_MASK}" in problem:
+                problem += " (a gqa-static graph from before it dropped its mask: export it again)"
             raise BundleError(f"{entry.file} does not match its manifest entry: {problem}")
         self.entry = entry
         self.provider = self.session.get_providers()[0]  # what ORT really uses, not what was asked
@@ -296,7 +300,7 @@ class OrtDecoder:
         # A GroupQueryAttention graph reads and writes each layer's one cache buffer in place: bound once per
         # cache (the cache it is bound to, kept alive by this reference), never per pass.
         self.shared_kv = entry.graph in C.SHARED_KV_GRAPHS
-        self.static = entry.graph == C.GQA_STATIC_GRAPH  # seqlens_k and a mask as wide as the cache buffer
+        self.static = entry.graph == C.GQA_STATIC_GRAPH  # lengths from seqlens_k, no mask: causal only
         self._kv_for: KVCache | DeviceKVCache | None = None
         if device_logits is None:
             device_logits = self.kv_device == "cuda"
@@ -370,15 +374,6 @@ class OrtDecoder:
             self.binding.bind(name, "cpu", buf.dtype, shape, buf.ctypes.data)
         buf.reshape(np.shape(values))[...] = values  # converts (e.g. float32 rows into an fp16 graph)
 
-    def _wide_mask(self, mask: np.ndarray, past: int, capacity: int) -> None:
-        """A static graph's mask, [1, 1, Q, capacity], in its own buffer (ort_graphs.write_wide_mask)."""
-        shape = (1, 1, mask.shape[2], capacity)
-        buf = self._inputs.get(C.ATTENTION_MASK)
-        if buf is None or buf.shape != shape:
-            buf = self._inputs[C.ATTENTION_MASK] = np.empty(shape, bool)
-            self.binding.bind(C.ATTENTION_MASK, "cpu", buf.dtype, shape, buf.ctypes.data)
-        write_wide_mask(buf, mask, past)
-
     def _bind_cache(self, cache: KVCache | DeviceKVCache) -> None:
         """Bind ``cache``'s buffers as past_key.N and present_key.N (a GQA graph), unless they already are."""
         if self._kv_for is cache:
@@ -397,22 +392,24 @@ class OrtDecoder:
         """``extra``: an EAGLE-3 head's eagle_taps / eagle_features rows, (Q, width) each. ``logits_rows``:
         on a graph with ``logits_index``, the logits of the last R rows only (None: every row's)."""
         q_len, past = len(input_ids), cache.length
+        if self.static and not is_causal(mask, past):  # the generator refuses tree methods first (runs_trees)
+            raise ConfigError(f"{self.entry.file} is a gqa-static graph, causal only: it cannot run a token tree's "
+                              f"mask; {TREES_NEED}")
         rows = q_len if logits_rows is None or not self.entry.logits_index else min(logits_rows, q_len)
         cache.ensure_room(q_len)
         step = self.steps.bucket_for(cache, q_len) if self.steps is not None else None
         if step is not None:  # a captured verify step: its own buffers and binding, every row's logits
             run = lambda binding, options: run_graph(self.session.run_with_iobinding, self.entry.file,  # noqa: E731
                                                      binding, options)
-            return self.steps.run(step, input_ids, position_ids, mask, extra or {}, run)
+            return self.steps.run(step, input_ids, position_ids, extra or {}, run)
         b = self.binding
         if self.shared_kv:
             self._bind_cache(cache)  # binding a name again replaces it: the cache's bindings stay
         self._bound = []
         self._put(C.INPUT_IDS, input_ids, (1, q_len), np.dtype(np.int64))
         self._put(C.POSITION_IDS, position_ids, (1, q_len), np.dtype(np.int64))
-        if self.static:  # the lengths from seqlens_k, the mask as wide as the buffer: bound again only for another Q
+        if self.static:  # the lengths from seqlens_k; no mask (the op's causality is the pass's mask)
             self._put(C.SEQLENS_K, np.array([past + q_len - 1]), (1,), np.dtype(np.int32))
-            self._wide_mask(mask, past, cache.max_context)
         else:  # the mask grows by a column every pass: bound anew each time (no copy when it is already bool)
             self._bind(C.ATTENTION_MASK, np.ascontiguousarray(mask, dtype=bool))
         for name, values in (extra or {}).items():

@@ -7,17 +7,17 @@ is ORT's own). ORT warms a graph id up, captures it on a later run and replays i
 copies nothing to host-bound outputs, so everything here is bound in device memory and copied by us.
 
 The static gqa graph (contract.GQA_STATIC_GRAPH) makes a pass of Q rows the same shapes every step: the
-lengths come from ``seqlens_k`` and the mask is as wide as the cache buffer. So each row bucket (1, 2, 4, ...
-up to the widest verify) gets its own buffers and its own binding (:class:`_Bucket`), allocated and bound
-once per cache, and its own graph id; a pass of Q rows is padded to its bucket (padding rows see the
-past and themselves, and no real row sees them: the op is causal and they come last). The op writes the
-bucket's rows in place at past .. past + bucket - 1, so a rejected draft needs no undo: rows after the
-accepted length are simply written again by the next pass. A prefill, and a pass wider than every bucket
+lengths come from ``seqlens_k`` and there is no mask (the graph is causal only: ORT's CUDA GroupQueryAttention
+refuses any attention_bias, so plain and chain steps run and tree methods are refused before). So each row
+bucket (1, 2, 4, ... up to the widest verify) gets its own buffers and its own binding (:class:`_Bucket`),
+allocated and bound once per cache, and its own graph id; a pass of Q rows is padded to its bucket (padding
+rows see the past and themselves, and no real row sees them: the op is causal and they come last). The op
+writes the bucket's rows in place at past .. past + bucket - 1, so a rejected draft needs no undo: rows after
+the accepted length are simply written again by the next pass. A prefill, and a pass wider than every bucket
 or too close to the buffer's end, runs eagerly on the same session (gpu_graph_id -1).
 
-Per step the host writes the ids, positions (8 bytes a row), seqlens_k (4 bytes) and the part of the mask
-that differs from "all visible" (nothing for plain and chain steps: the op's causality is their mask;
-the branch cells of a tree), and reads back the hidden rows (and taps) and the logits summary.
+Per step the host writes the ids, positions (8 bytes a row) and seqlens_k (4 bytes), and reads back the hidden
+rows (and taps) and the logits summary.
 Nothing here imports torch or depends on a CUDA version or the CPU's architecture: JetPack's
 onnxruntime-gpu (CUDA 12, aarch64) takes the same path.
 """
@@ -93,49 +93,6 @@ def run_options(graph_id: int):
     return options
 
 
-def write_wide_mask(out: np.ndarray, mask: np.ndarray, past: int) -> None:
-    """The contract mask [1, 1, Q, past + Q] into a static graph's [1, 1, Q, capacity] ``out``: the new rows'
-    columns are the cache rows the op writes them to (past ..), which is where the contract has them;
-    the columns after them are never read (the op stops at seqlens_k) and are left hidden."""
-    width = mask.shape[-1]
-    out[..., :width] = mask
-    out[..., width:] = False
-
-
-class StaticMask:
-    """A bucket's [rows, capacity] mask in device memory and its host mirror, both "all visible" at rest.
-
-    The op is causal, so a plain or chain step needs no mask at all; only the cells a tree hides (a row
-    and a sibling's branch) differ, and only the span between the first and the last differing cell of
-    this pass or the one before is sent."""
-
-    def __init__(self, memory: DeviceMemory, ptr: int, rows: int, capacity: int) -> None:
-        self.memory, self.ptr, self.capacity = memory, ptr, capacity
-        self.host = np.ones((rows, capacity), bool)  # (bucket, capacity): what the device holds
-        self.span: tuple[int, int] | None = None  # flat cells holding the last pass's hidden cells
-        self.sent = 0  # bytes sent so far
-        memory.memset(ptr, 1, rows * capacity)
-
-    def write(self, mask: np.ndarray, past: int) -> None:
-        """Make the device mask the contract ``mask`` [1, 1, Q, past + Q] of a pass after ``past`` rows."""
-        rows, cols = np.nonzero(~mask[0, 0])
-        seen = cols <= past + rows  # a cell the op's causality hides needs no mask
-        rows, cols = rows[seen], cols[seen]
-        flat = self.host.reshape(-1)
-        cells = rows * self.capacity + cols
-        span = (int(cells.min()), int(cells.max()) + 1) if cells.size else None
-        if span is None and self.span is None:
-            return
-        if self.span is not None:
-            flat[self.span[0]:self.span[1]] = True
-        self.host[rows, cols] = False
-        lo = min(s[0] for s in (span, self.span) if s is not None)
-        hi = max(s[1] for s in (span, self.span) if s is not None)
-        self.memory.to_device(self.ptr + lo, flat[lo:hi])
-        self.sent += hi - lo
-        self.span = span
-
-
 class _Bucket:
     """One row bucket's pass over one cache: its buffers in device memory and its own IOBinding, bound once.
 
@@ -149,7 +106,7 @@ class _Bucket:
         cap = cache.max_context
         shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             C.INPUT_IDS: ((1, rows), np.dtype(np.int64)), C.POSITION_IDS: ((1, rows), np.dtype(np.int64)),
-            C.SEQLENS_K: ((1,), np.dtype(np.int32)), C.ATTENTION_MASK: ((1, 1, rows, cap), np.dtype(bool)),
+            C.SEQLENS_K: ((1,), np.dtype(np.int32)),
             **{name: ((1, rows, width), kv) for name, width in owner.extra_inputs.items()},
             **({C.LOGITS_INDEX: ((rows,), np.dtype(np.int64))} if entry.logits_index else {})}
         outputs = {C.LOGITS: ((1, rows, dims.vocab_size), np.dtype(np.float32)),
@@ -162,7 +119,6 @@ class _Bucket:
             m.memset(self.io[name], 0, int(np.prod(shape)) * dt.itemsize)
         if entry.logits_index:  # every row's logits, written once
             m.to_device(self.io[C.LOGITS_INDEX], np.arange(rows, dtype=np.int64))
-        self.mask = StaticMask(m, self.io[C.ATTENTION_MASK], rows, cap)
         self.binding = owner.session.io_binding()
         dev = owner.device
         for name, (shape, dt) in shapes.items():
@@ -208,16 +164,16 @@ class CapturedSteps:
             self.steps[key] = _Bucket(self, cache, bucket, graph_id=len(self.steps) + 1)  # 0 is ORT's own
         return self.steps[key]
 
-    def run(self, step: _Bucket, input_ids: np.ndarray, position_ids: np.ndarray, mask: np.ndarray,
-            extra: Mapping[str, np.ndarray], run: Callable[..., Any]) -> DecoderOutput:
-        """One pass of Q <= bucket rows on ``step``'s buffers; ``run(binding, options)`` runs the session."""
+    def run(self, step: _Bucket, input_ids: np.ndarray, position_ids: np.ndarray, extra: Mapping[str, np.ndarray],
+            run: Callable[..., Any]) -> DecoderOutput:
+        """One causal pass of Q <= bucket rows on ``step``'s buffers (the graph takes no mask: the caller checked
+        the pass's); ``run(binding, options)`` runs the session."""
         m, b, q_len = self.memory, step.rows, len(input_ids)
         past = step.cache.length
         m.to_device(step.io[C.INPUT_IDS], pad_to(np.asarray(input_ids, np.int64), b))
         positions = np.asarray(position_ids, np.int64)
         m.to_device(step.io[C.POSITION_IDS], pad_to(positions, b, fill=int(positions[-1])))
         m.to_device(step.io[C.SEQLENS_K], np.array([past + b - 1], np.int32))  # the op writes all b rows
-        step.mask.write(np.asarray(mask, bool), past)
         for name, rows in extra.items():  # padding rows keep what they held: finite, and never read
             m.to_device(step.io[name], np.ascontiguousarray(rows, dtype=self.kv_dtype))
         m.synchronize()  # ORT runs on its own stream
