@@ -63,7 +63,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
            exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
            eagle: str | None, quantize: int | None, block_size: int, head_block_size: int | None,
            draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
-           quantize_embeddings: bool, force: bool) -> None:
+           quantize_embeddings: bool | None, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
@@ -123,12 +123,12 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 @force_option
 def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_block_size: int | None,
              draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
-             quantize_embeddings: bool, force: bool) -> None:
+             quantize_embeddings: bool | None, force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits, or its integer matmul with
     --kernel integer, or whichever of the two runs faster here with --kernel auto; needs onnx, not torch).
 
-    Every matmul with constant weights is quantized, the LM head included (tied embeddings keep a float copy for the
-    lookup unless --quantize-embeddings). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
+    Every matmul with constant weights is quantized, the LM head included (the embedding tables at int8 too where the
+    gate passes; else, or with --float-embeddings, a float copy for the lookup). The target and a draft must stay close to their float graphs in distribution (mean KL and top-1
     agreement on the shipped prompts) before OUT appears; an EAGLE-3 head, a proposer only, has its first-draft
     acceptance measured and recorded instead. Speculation stays exact with respect to the (quantized) target.
 

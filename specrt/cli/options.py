@@ -155,11 +155,11 @@ def quantize_layout_options(note: str = "") -> Callable:
                      help="The EAGLE-3 head's quantization, as --draft-quantize. An int8 head drafted at a third of "
                           "an fp32 head's cost on SmolLM2-135M; acceptance on the float and the quantized pair is "
                           "recorded."),
-        click.option("--algorithm", type=click.Choice(["rtn", "hqq"]), default="rtn", show_default=True,
+        click.option("--algorithm", type=click.Choice(["auto", "rtn", "hqq"]), default="auto", show_default=True,
                      help="int4 weights: rtn, symmetric round-to-nearest (fast to make); hqq, ONNX Runtime's "
                           "half-quadratic quantizer (asymmetric, fitted per block; needs torch, ~1 min for 135M "
-                          "weights): SmolLM2-135M at int4 passes the gate with hqq (KL 0.096, limit 0.1), not with rtn (0.56). "
-                          "int8 weights are always rtn."),
+                          "weights): SmolLM2-135M at int4 passes the gate with hqq (KL 0.096, limit 0.1), not with "
+                          "rtn (0.56); auto, hqq where torch is installed, else rtn. int8 weights are always rtn."),
         click.option("--kernel", type=click.Choice(["nbits", "integer", "auto"]), default="nbits", show_default=True,
                      help="int8 matmuls: nbits, ONNX Runtime's MatMulNBits (blocks of --block-size); integer, its "
                           "integer matmul with weights per column and each row's activations in two 7-bit halves "
@@ -170,9 +170,11 @@ def quantize_layout_options(note: str = "") -> Callable:
                           "faster at Llama-3.2-1B dimensions); on a 2-core AMD Zen 4 integer was slower at every "
                           "row count. integer also keeps greedy speculation on plain decoding's tokens (2 of 56 "
                           "runs left them, nbits 44). int4 weights stay nbits."),
-        click.option("--quantize-embeddings", is_flag=True,
+        click.option("--quantize-embeddings/--float-embeddings", default=None,
                      help="Store the target's and draft's embedding tables at int8 too (ONNX Runtime's "
-                          "GatherBlockQuantized; checked by the same gate): a quarter of their float bytes."))
+                          "GatherBlockQuantized; checked by the same gate), a quarter of their float bytes, or "
+                          "keep them float [default: int8 where the gate passes, else float: SmolLM2-135M's int8 "
+                          "bundle is ~150 MB with int8 tables, 269 MB with float ones]."))
 
 
 def load_bundle(bundle: str | None, **kwargs: Any):

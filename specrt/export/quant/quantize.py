@@ -33,7 +33,7 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # (measured on the demo pair: int4 KL 0.005-0.012 nats, int8 0.0001; thresholds leave ~10x room).
 # Top-1 agreement counts only positions where the float model is decisive (bundle.parity.decisive).
 MAX_MEAN_KL = {4: 0.1, 8: 0.01}
-ALGORITHMS = ("rtn", "hqq")
+ALGORITHMS = ("auto", "rtn", "hqq")
 KERNELS = ("nbits", "integer", "auto")
 MIN_TOP1 = {4: 0.85, 8: 0.95}
 
@@ -49,15 +49,18 @@ class QuantizeOptions:
     accuracy_level: int = 4  # MatMulNBits: int8 activations, so the CPU kernel uses int8 dot products
     force: bool = False
     eagle_bits: int | None | str = "same"
-    # The target's and draft's embedding lookups at int8 too (GatherBlockQuantized; gated like the rest).
-    # A quantized EAGLE-3 head's lookup (a copy of the target's table) always is: it only proposes.
-    embeddings: bool = False
+    # The target's and draft's embedding lookups at int8 too (GatherBlockQuantized; gated like the rest); None:
+    # int8 where the gate passes, else float (a float table is most of a small model's int8 bytes: SmolLM2-135M's
+    # int8 bundle 269 MB with it, ~150 MB without). A quantized EAGLE-3 head's lookup (a copy of the target's
+    # table) always is: it only proposes.
+    embeddings: bool | None = None
     # Roles whose float graph came from a GGUF file: (role, path) pairs. Those keep the file's Q4_0 / Q4_1 /
     # Q8_0 blocks as they are (specrt.export.quant.gguf) instead of being quantized at ``bits``.
     gguf: tuple[tuple[str, str], ...] = ()
     # int4 weights: "rtn" (symmetric round-to-nearest) or "hqq" (ORT's half-quadratic quantizer: asymmetric,
-    # scales and zero points fitted per block). int8 weights are always RTN.
-    algorithm: str = "rtn"
+    # scales and zero points fitted per block; needs torch), or "auto": hqq where torch is installed (SmolLM2-135M
+    # passes the gate with it, KL 0.096, and not with rtn, 0.56), else rtn. int8 weights are always RTN.
+    algorithm: str = "auto"
     # The LM head's blocks (and the int8 lookups', which share a tied head's bytes) when not ``block_size``:
     # a small head block with larger ones elsewhere keeps the logits close for fewer scale bytes.
     head_block_size: int | None = None
@@ -184,10 +187,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         for role, entry in sorted(manifest.models.items(), key=lambda item: item[0] != "target"):
             if options.bits_for(role) is None and options.gguf_for(role) is None:
                 continue
-            record, kernel, bits = _quantize_model(src, tmp, manifest, role, options, kernel, progress)
-            if entry.kind != "eagle3":  # a proposer has no distribution gate: the target verifies what it drafts
-                say(f"{role}: checking int{bits} against the float graph")
-                record["parity"] = _gate(src, tmp, manifest, role, options, bits, prompts)
+            record, kernel = _quantize_gated(src, tmp, manifest, role, options, kernel, prompts, progress)
             models[role] = replace(entry, quantization=record)
         _record_head_acceptance(src, tmp, manifest, models, prompts, say)
         for role, entry in models.items():  # quantized graphs read fewer bytes; older float ones get figures too
@@ -195,6 +195,50 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         quantized = replace(manifest, models=models, engines={})
         quantized.write(tmp)
     return quantized
+
+
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def candidates(options: QuantizeOptions, role: str, kind: str = "decoder") -> list[QuantizeOptions]:
+    """The settings a role is tried at, best first, until one passes the gate: what ``auto`` and an unset
+    ``embeddings`` resolve to (int8 lookups before float ones; hqq where torch is installed, else rtn)."""
+    bits = options.bits_for(role)
+    algorithm = ("hqq" if _has_torch() else "rtn") if options.algorithm == "auto" else options.algorithm
+    if bits != 4:
+        algorithm = "rtn"  # int8 weights are always round-to-nearest
+    lookups = ([True, False] if options.embeddings is None and kind != "eagle3" and options.gguf_for(role) is None
+               else [bool(options.embeddings)])
+    return [replace(options, algorithm=algorithm, embeddings=e) for e in lookups]
+
+
+def _quantize_gated(src: Path, tmp: Path, manifest: Manifest, role: str, options: QuantizeOptions, kernel: str,
+                    prompts: list[str], progress: Callable[[str], None] | None) -> tuple[dict, str]:
+    """One role quantized at the first of its :func:`candidates` that passes the gate (a proposer has none: the
+    target verifies what it drafts): its record, which says what was tried, and the kernel now chosen."""
+    say = progress or (lambda message: None)
+    entry, refused = manifest.models[role], []
+    tries = candidates(options, role, entry.kind)
+    for i, cand in enumerate(tries):
+        record, chosen, bits = _quantize_model(src, tmp, manifest, role, cand, kernel, progress)
+        if entry.kind == "eagle3":
+            return record, chosen
+        say(f"{role}: checking int{bits}{' with int8 lookups' if cand.embeddings else ''} against the float graph")
+        try:
+            record["parity"] = _gate(src, tmp, manifest, role, cand, bits, prompts)
+        except ConfigError as e:
+            if i + 1 == len(tries):
+                raise ConfigError(str(e) + "".join(f" (also refused: {r})" for r in refused)) from None
+            refused.append(f"int8 lookups, mean KL {getattr(e, 'mean_kl', float('nan')):.3f}")
+            say(f"{role}: refused with int8 lookups; trying float lookups")
+            continue
+        if refused:
+            record["refused"] = refused
+        return record, chosen
+    raise AssertionError("candidates() is never empty")
 
 
 def _check_quantizable(src: Path, manifest: Manifest, options: QuantizeOptions) -> None:
@@ -255,12 +299,15 @@ def _gate(src: Path, tmp: Path, manifest: Manifest, role: str, options: Quantize
         raise ConfigError(f"{role}: the blocks of {gguf.name} drift from its dequantized weights (mean KL "
                           f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
                           "conversion fault; export with --quantize int8 meanwhile")
-    raise ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
-                      f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
-                      f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
-                      + ("--algorithm hqq, " if bits == 4 and options.algorithm == "rtn" else "")
-                      + ("int8 or " if bits == 4 else "") + "a smaller block size"
-                      + (" or no --quantize-embeddings" if options.embeddings else ""))
+    hqq = "--algorithm hqq, " if _has_torch() else f"--algorithm hqq ({INSTALL_TORCH}), "
+    refusal = ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
+                          f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
+                          f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
+                          + (hqq if bits == 4 and options.algorithm == "rtn" else "")
+                          + ("int8 or " if bits == 4 else "") + "a smaller block size"
+                          + (" or --float-embeddings" if options.embeddings else ""))
+    refusal.mean_kl = parity["mean_kl"]  # what _quantize_gated says of a setting it tried before the last
+    raise refusal
 
 
 def _record_head_acceptance(src: Path, tmp: Path, manifest: Manifest, models: dict, prompts: list[str],
@@ -291,6 +338,8 @@ def describe(manifest: Manifest) -> str:
                 else f"int{q['bits']}")
         if q.get("algorithm") == "hqq":
             kind += " HQQ"
+        if q.get("refused"):
+            kind += f" (float lookups: refused with {'; '.join(q['refused'])})"
         layout = "integer kernel, weights per column" if q.get("kernel") == "integer" else f"blocks of {q['block_size']}"
         line = (f"{role}: {kind} ({layout}, {len(q['quantized_matmuls'])} matmuls"
                 f"{' incl. the LM head' if q['lm_head_untied'] else ''}"

@@ -20,7 +20,7 @@ from specrt.runtime.sampling import SamplingConfig
 @pytest.fixture(scope="module")
 def int4_close(close_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("q") / "int4"
-    quantize_bundle(close_bundle, out, QuantizeOptions(bits=4, block_size=32))
+    quantize_bundle(close_bundle, out, QuantizeOptions(bits=4, block_size=32, algorithm="rtn", embeddings=False))
     return out
 
 
@@ -223,7 +223,7 @@ def test_quantized_embeddings_are_int8_lookups_and_speculation_stays_exact(close
         assert not [i.name for i in graph.initializer if list(i.dims) == shape and i.data_type in (
             onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
         assert entry.quantization["parity"]["mean_kl"] <= entry.quantization["parity"]["max_mean_kl"]
-    without = quantize_bundle(close_bundle, tmp_path / "int8", QuantizeOptions(bits=8, block_size=32))
+    without = quantize_bundle(close_bundle, tmp_path / "int8", QuantizeOptions(bits=8, block_size=32, embeddings=False))
     from specrt.bundle import contract as C
 
     assert m.target.weight_bytes == without.target.weight_bytes  # a lookup reads one row per token either way
@@ -318,3 +318,40 @@ def test_a_graph_past_protobuf_s_limit_is_saved_with_external_data(tmp_path, mon
     save_graph(Huge(), tmp_path / "target.onnx")
     assert saved == [{"path": str(tmp_path / "target.onnx"), "save_as_external_data": True,
                       "location": "target.onnx.data"}]
+
+
+def test_the_defaults_are_the_best_setting_that_passes_the_gate(close_bundle, tmp_path, monkeypatch):
+    """No option given: int4 by hqq where torch is installed (else rtn), the lookups at int8 where the gate passes;
+    a gate that refuses int8 lookups gets float ones, and the record says what was refused."""
+    from specrt.export.quant import quantize as Q
+
+    chosen = [(c.algorithm, c.embeddings) for c in Q.candidates(QuantizeOptions(bits=4), "target")]
+    assert chosen == [("hqq", True), ("hqq", False)]
+    assert [c.embeddings for c in Q.candidates(QuantizeOptions(bits=8, embeddings=False), "target")] == [False]
+    assert [c.algorithm for c in Q.candidates(QuantizeOptions(bits=8), "target")] == ["rtn", "rtn"]
+    assert [c.embeddings for c in Q.candidates(QuantizeOptions(bits=None, eagle_bits=8), "eagle", "eagle3")] == [False]
+    monkeypatch.setattr(Q, "_has_torch", lambda: False)
+    assert Q.candidates(QuantizeOptions(bits=4), "target")[0].algorithm == "rtn"
+    monkeypatch.undo()
+
+    m = quantize_bundle(close_bundle, tmp_path / "q8", QuantizeOptions(bits=8))
+    assert all(e.quantization["quantized_lookups"] and "refused" not in e.quantization for e in m.models.values())
+
+    gate = Q._gate
+
+    def refuse_int8_lookups(src, tmp, manifest, role, options, bits, prompts):
+        if options.embeddings:
+            error = ConfigError(f"{role} at int{bits} drifts too far (a stand-in refusal)")
+            error.mean_kl = 0.5
+            raise error
+        return gate(src, tmp, manifest, role, options, bits, prompts)
+
+    monkeypatch.setattr(Q, "_gate", refuse_int8_lookups)
+    m = quantize_bundle(close_bundle, tmp_path / "q8f", QuantizeOptions(bits=8))
+    for entry in m.models.values():
+        assert "quantized_lookups" not in entry.quantization
+        assert entry.quantization["refused"] == ["int8 lookups, mean KL 0.500"]
+    assert "refused with int8 lookups, mean KL 0.500" in Q.describe(m)
+    with pytest.raises(ConfigError, match="stand-in refusal"):
+        quantize_bundle(close_bundle, tmp_path / "q8e", QuantizeOptions(bits=8, embeddings=True))
+    assert not (tmp_path / "q8e").exists()
