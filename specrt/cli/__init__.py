@@ -5,6 +5,8 @@ what they share is in ``options``."""
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from .. import __version__
@@ -21,6 +23,9 @@ def main() -> None:
       specrt export ./target --draft ./draft -o bundle     # HF models -> checked ONNX bundle
       specrt run "def fib(n):" --bundle bundle --stats --baseline     # stream text, show alpha and speedup
     """
+    from ..runtime.generator import ADVICE_LOGGER
+
+    logging.getLogger(ADVICE_LOGGER).disabled = True  # the commands say it where it matters (run --stats, serve)
 
 
 # Importing a command module registers its commands on main.

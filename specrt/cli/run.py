@@ -104,6 +104,8 @@ def run(prompt: str, chat: bool, system_message: str | None, bundle: str | None,
         target = gen.decoders["target"]
         print_stats(result.stats, target.provider, lossy=acceptance == "typical", measured_speedup=measured,
                     graphs=target.graph_status)
+        if gen.drafter_note and result.stats.method == "ngram":
+            click.echo(f"note: {gen.drafter_note}", err=True)
 
 
 @main.command()
@@ -208,6 +210,8 @@ def serve(bundle: str | None, host: str, port: int, method: str, gamma: int | st
     load = {"backend": backend, "threads": threads, "low_memory": low_memory, "shared_threads": thread_pool == "shared"}
     if replicas is None and min_replicas is None and max_replicas is None and ray_address is None:
         gen = load_bundle(bundle, **load)
+        if gen.drafter_note:
+            announce(f"note: {gen.drafter_note}")
         serve_forever(gen, config, announce=announce)
         return
     from ..serve.app import bundle_model_id

@@ -41,6 +41,12 @@ def drafter_class(method: str) -> type[Drafter]:
     return METHODS.get(method, Drafter)
 
 
+# What a bundle without a drafter is told, in one line (specrt.load(), run --stats, serve): auto runs prompt lookup.
+NO_DRAFTER = ("no drafter in this bundle: auto runs prompt lookup (ngram), which pays only where a reply repeats its "
+              "prompt (it pauses itself where it would not); for a speedup add an EAGLE-3 head: specrt eagle train "
+              "MODEL -o HEAD, then specrt export MODEL --eagle HEAD (docs/eagle.md)")
+
+
 def auto_method(has_eagle: bool, has_draft: bool, trees: bool = True) -> str:
     """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree (its chain where the bundle runs no
     trees: ``trees`` False, Manifest.runs_trees), else its draft model's chain, else prompt lookup, which needs no

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,12 @@ from .backends.onnxruntime import share_threads
 from .cached import CachedModel
 from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
                     remembered_verify_costs)
-from .drafters import METHODS, Drafter, DrafterContext, auto_method
+from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .masks import TREES_NEED
 from .options import AUTO, DecodeOptions
+
+ADVICE_LOGGER = "specrt.advice"  # what load() tells a library user; the CLI says it itself, where it matters
 from .stats import GenerationStats, StatsRecorder
 from .tree import DynamicTree
 
@@ -251,6 +254,12 @@ class SpeculativeGenerator:
         model; exact, and never slower than plain decoding by more than its lookup)."""
         return auto_method(self.manifest.eagle is not None, "draft" in self._models, self.manifest.runs_trees)
 
+    @property
+    def drafter_note(self) -> str | None:
+        """One line when the bundle holds no drafter (auto runs prompt lookup, which rarely speeds up a sampled
+        reply) and how to get one; None when it has a head or a draft model."""
+        return NO_DRAFTER if self.default_method == "ngram" else None
+
     def resolve_method(self, method: str) -> str:
         return self.default_method if method == AUTO else method
 
@@ -421,5 +430,8 @@ def load(bundle: str | Path | None = None, backend: str = "auto", threads: int |
         from .. import demo
 
         bundle = demo.bundle_path()
-    return SpeculativeGenerator(bundle, backend=backend, threads=threads, low_memory=low_memory,
-                                shared_threads=shared_threads)
+    gen = SpeculativeGenerator(bundle, backend=backend, threads=threads, low_memory=low_memory,
+                               shared_threads=shared_threads)
+    if gen.drafter_note:  # one line on stderr (logging's last resort) unless the app configured logging
+        logging.getLogger(ADVICE_LOGGER).warning(gen.drafter_note)
+    return gen

@@ -259,3 +259,22 @@ def test_chat_is_a_flag_that_never_swallows_an_option(chat_bundle, chat_gen):
 def test_cli_help_teaches_chat():
     out = CliRunner().invoke(main, ["run", "--help"]).output
     assert "--chat " in out and "--chat MESSAGE" not in out and "--system TEXT" in out and 'specrt run --chat "' in out
+
+
+def test_a_bundle_without_a_drafter_is_told_so_in_one_line(chat_bundle, close_bundle, caplog, monkeypatch):
+    """specrt.load() logs one line (stderr, unless the app configured logging) when auto can only run prompt
+    lookup; `run --stats` prints it under its table; a bundle with a drafter hears nothing."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("specrt.advice"), "disabled", False)  # a CLI test before disabled it
+    with caplog.at_level(logging.WARNING, logger="specrt.advice"):
+        gen = specrt.load(chat_bundle, threads=1)
+        specrt.load(close_bundle, threads=1)
+    lines = [r.getMessage() for r in caplog.records if r.name == "specrt.advice"]
+    assert lines == [gen.drafter_note] and "no drafter" in lines[0] and "specrt eagle train" in lines[0]
+    res = CliRunner().invoke(main, ["run", "--chat", "hi", "--bundle", str(chat_bundle), "--max-new-tokens", "4",
+                                    "--stats"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("note: no drafter in this bundle") == 1
+    plain = CliRunner().invoke(main, ["run", "--chat", "hi", "--bundle", str(chat_bundle), "--max-new-tokens", "4"])
+    assert "no drafter" not in plain.output
