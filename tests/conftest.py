@@ -114,34 +114,30 @@ def close_bundle(close_pair, tmp_path_factory) -> Path:
     return out
 
 
+def _close_with_graph(close_pair, tmp_path_factory, graph: str) -> Path:
+    from specrt.export.exporter import ExportOptions, export_bundle
+
+    out = tmp_path_factory.mktemp(f"close-{graph}") / "bundle"
+    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph=graph))
+    return out
+
+
 @pytest.fixture(scope="session")
 def portable_close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair with plain-op graphs (what TensorRT builds from)."""
-    from specrt.export.exporter import ExportOptions, export_bundle
-
-    out = tmp_path_factory.mktemp("close-portable") / "bundle"
-    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="portable"))
-    return out
+    return _close_with_graph(close_pair, tmp_path_factory, "portable")
 
 
 @pytest.fixture(scope="session")
 def gqa_close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair with GroupQueryAttention graphs (`--graph gqa`)."""
-    from specrt.export.exporter import ExportOptions, export_bundle
-
-    out = tmp_path_factory.mktemp("close-gqa") / "bundle"
-    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="gqa"))
-    return out
+    return _close_with_graph(close_pair, tmp_path_factory, "gqa")
 
 
 @pytest.fixture(scope="session")
 def gqa_static_close_bundle(close_pair, tmp_path_factory) -> Path:
     """The close pair with static-shape GroupQueryAttention graphs (`--graph gqa-static`)."""
-    from specrt.export.exporter import ExportOptions, export_bundle
-
-    out = tmp_path_factory.mktemp("close-gqa-static") / "bundle"
-    export_bundle(str(close_pair[0]), str(close_pair[1]), out, ExportOptions(graph="gqa-static"))
-    return out
+    return _close_with_graph(close_pair, tmp_path_factory, "gqa-static")
 
 
 @pytest.fixture(scope="session")

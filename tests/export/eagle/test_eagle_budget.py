@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from click.testing import CliRunner
-from support.models import make_tokenizer, save_model
+from support.eagle_train import PROMPTS, SMALL, small_target
 
 from specrt.cli import main
 from specrt.errors import ConfigError
@@ -24,16 +24,10 @@ from specrt.export.eagle.config import tap_layers
 from specrt.export.eagle.checkpoint import load_eagle3
 from specrt.export.eagle.train import EagleTrainConfig, train_eagle
 
-PROMPTS = ["def fib(n):", "for i in range(10):", "class Point:", "The quick brown fox", "import os", "x = 1",
-           "print(i)", "return n", "while True:", "a, b = b, a"]
-SMALL = EagleTrainConfig(steps=30, lr=3e-3, batch_size=4, seq_len=32, num_sequences=40, draft_vocab=64, topk=16,
-                         checkpoint_every=5, heldout_fraction=0.2, compute="float32")
-
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return save_model(tmp_path_factory.mktemp("eagle-budget") / "target", "llama", seed=1, vocab=288, layers=4,
-                      hidden=32, heads=2, kv_heads=1, tokenizer=make_tokenizer(vocab=280))
+    return small_target(tmp_path_factory.mktemp("eagle-budget") / "target")
 
 
 # ----------------------------------------------------------------------------------------- the arithmetic
