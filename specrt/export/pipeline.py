@@ -113,6 +113,39 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
     return f"auto will run {method} ({what}).\n{bench}"
 
 
+# SmolLM2-135M-Instruct's Q4_1 GGUF with its EAGLE-3 head on a 2-core AVX2 EPYC (2026-12-06, separate processes,
+# 14 held-out chat prompts x 64 tokens, greedy, medians of 3 rounds: docs/performance/smollm2-gguf-cpu.md): the Q4_1
+# blocks kept, auto (eagle-tree) 0.98x llama.cpp's best mode on the same file; re-quantized to int4 HQQ with gqa
+# graphs, 1.38x by the medians, 1.11x by each round's ratio (plain decoding 1.22x). Q4 blocks cost 1.1-2.1x one row to verify 2-8 rows on a CPU.
+GGUF_BLOCKS = ("auto", "keep", "requantize")
+
+
+def requantize_gguf(choice: str, has_drafter: bool) -> bool:
+    """Whether a GGUF target given without --quantize is re-quantized (int4, gqa graphs) rather than its blocks
+    kept: ``choice`` "keep" / "requantize", or "auto": re-quantized where a drafter will verify many rows a step."""
+    if choice not in GGUF_BLOCKS:
+        raise SpecrtError(f"--gguf-blocks must be one of {', '.join(GGUF_BLOCKS)}, got {choice!r}")
+    return choice == "requantize" or (choice == "auto" and has_drafter)
+
+
+def gguf_verify_note(manifest: Manifest, folder: str | Path, model: str) -> str | None:
+    """For a GGUF whose blocks the target kept, exported with a drafter: what verifying several rows of those
+    blocks costs here against one (measured now, a second or two), and the re-quantized target to compare
+    it with. None for any other bundle. On a CPU a tree step verifies ~4-8 rows, and Q4 blocks cost 1.1-2.1x
+    one row for 2-8 (docs/performance/smollm2-gguf-cpu.md), which can eat what the drafter saves."""
+    q = manifest.target.quantization or {}
+    if not q.get("gguf") or (manifest.eagle is None and manifest.draft is None):
+        return None
+    from ..runtime.generator import SpeculativeGenerator
+
+    costs = SpeculativeGenerator(folder).verify_costs(5)
+    drafter = f"--eagle {manifest.eagle.source}" if manifest.eagle is not None else "--draft DRAFT"
+    return (f"verifying 4 rows of {'+'.join(sorted(q['gguf']['types']))} blocks costs {costs[3]:.2f}x one row here "
+            f"(5 rows: {costs[4]:.2f}x); where `specrt bench` shows the drafter barely above none, compare a target "
+            f"re-quantized for many-row passes (what --gguf-blocks auto does with a drafter): specrt export {model} "
+            f"{drafter} --gguf-blocks requantize -o OUT")
+
+
 def describe(manifest: Manifest) -> str:
     """What ``specrt export`` prints of a bundle: per model its graph and parity against PyTorch (for a
     quantized bundle, its bits and parity against the float one) and the Medusa tree."""

@@ -219,7 +219,7 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
     assert "Writing the float bundle, quantized next" in result.output and "Loading target tiny.gguf" in result.output
     assert ".b.float-" not in result.output  # the hidden work folder is the pipeline's business
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-quantize", "none",
-                                       "-o", str(tmp_path / "c")])
+                                       "--gguf-blocks", "keep", "-o", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     assert "draft: float32 (not quantized)" in result.output and "target: Q4_1+Q8_0" in result.output
 
@@ -255,3 +255,30 @@ def test_two_matmuls_reading_one_weight_share_its_blocks(tmp_path):
     y0, y1 = ort.InferenceSession(str(tmp_path / "k.onnx"), providers=["CPUExecutionProvider"]).run(None, {"A": a})
     np.testing.assert_allclose(y0, a @ w, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(y0, y1)
+
+
+def test_a_gguf_with_a_head_is_requantized_unless_told_to_keep_its_blocks(tmp_path):
+    """A drafter verifies several rows a step, which Q4 blocks make dear on a CPU: with --eagle the target is
+    re-quantized (int4, gqa graphs) and says so; --gguf-blocks keep keeps the blocks and is told what verifying them
+    costs here, with the command to compare; without a drafter the blocks are kept, silently."""
+    from click.testing import CliRunner
+    from support.models import save_eagle_head
+
+    from specrt.bundle.manifest import load_manifest
+    from specrt.cli import main
+
+    gguf_file = _tiny_gguf(tmp_path, layers=4)
+    head = save_eagle_head(tmp_path / "head", tmp_path / "hf", seed=3)
+    res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "-o", str(tmp_path / "auto")])
+    assert res.exit_code == 0, res.output
+    assert "re-quantizing to int4 with gqa graphs" in res.output
+    m = load_manifest(tmp_path / "auto")
+    assert m.target.graph == "gqa" and m.target.quantization["bits"] == 4 and "gguf" not in m.target.quantization
+    res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "--gguf-blocks", "keep",
+                                    "-o", str(tmp_path / "keep")])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("verifying 4 rows of Q4_1+Q8_0 blocks costs"))
+    assert f"specrt export {gguf_file} --eagle {head} --gguf-blocks requantize" in line
+    assert load_manifest(tmp_path / "keep").target.quantization["gguf"]
+    res = CliRunner().invoke(main, ["export", str(gguf_file), "-o", str(tmp_path / "plain")])
+    assert res.exit_code == 0 and "verifying 4 rows" not in res.output and "re-quantizing" not in res.output
