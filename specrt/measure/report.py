@@ -48,12 +48,20 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
     if graphs:
         t.add_row("CUDA graphs", "yes" if graphs.startswith("CUDA graphs:") else "no",
                   graphs.removeprefix("CUDA graphs: "))
-    t.add_row("device→host per target pass", f"{st.d2h_bytes_per_target_pass / 1e3:.1f} KB",
-              "hidden rows + logits (or their summary) copied from the GPU; 0 where outputs land in host memory")
+    if st.d2h_bytes_per_target_pass:  # a GPU's figure: on a CPU the outputs land in host memory
+        t.add_row("device→host per target pass", f"{st.d2h_bytes_per_target_pass / 1e3:.1f} KB",
+                  "hidden rows + logits (or their summary) copied from the GPU")
     console = Console(stderr=True)
     console.print(t)
     if lossy:
         console.print("[bold yellow]typical acceptance is LOSSY: this output is not distributed as the target's[/]")
+
+
+DIFFERS_FROM_NONE = (
+    "= none NO: a method's greedy tokens left plain decoding's on some prompt. On a quantized target that happens "
+    "at near-ties: its int8/int4 kernels round a row by the rows beside it, so a verify pass over several rows and "
+    "a one-row plain pass can differ in a last bit. `specrt verify` checks that each such difference is a near-tie "
+    "(and passes it); --row-stable verifies chains one row at a time, equal to plain decoding bit for bit.")
 
 
 def print_bench(result: dict) -> None:
@@ -99,6 +107,8 @@ def print_bench(result: dict) -> None:
                       f"({roof['plain_tokens_per_second'] / roof['plain_roofline_tokens_per_second']:.0%} of it)")
     for note in result.get("notes", []):
         console.print(f"note: {note}")
+    if any(r.get("greedy_matches_none") is False for r in result["methods"].values()):
+        console.print(DIFFERS_FROM_NONE)
     if "peers" in result:
         print_peers(result, console)
 

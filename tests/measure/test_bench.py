@@ -197,3 +197,17 @@ def test_bytes_per_token_count_what_drafted(eagle_bundle):
         1.0, row["target_passes_per_token"], target, row["draft_passes_per_token"], head))
     assert row["ops_factor"] > row["target_passes_per_token"] * (row["mean_gamma"] + 1)  # the head's FLOPs too
     assert none["draft_passes_per_token"] == 0
+
+
+def test_a_method_that_left_plain_decoding_is_explained_where_it_is_printed(generator, capsys):
+    from specrt.measure.report import DIFFERS_FROM_NONE, print_bench
+
+    res = run_bench(generator, builtin_prompts("code")[:1], BenchConfig(methods=("none", "draft"), max_new_tokens=4,
+                                                                          repeats=1))
+    print_bench(res)
+    assert "= none NO" not in capsys.readouterr().out
+    res["methods"]["draft"]["greedy_matches_none"] = False  # as a quantized target's near-tie would make it
+    print_bench(res)
+    out = capsys.readouterr().out
+    assert " NO" in out and " ".join(DIFFERS_FROM_NONE.split()[:6]) in " ".join(out.split())
+    assert "--row-stable" in out and "specrt verify" in out
