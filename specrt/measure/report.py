@@ -34,7 +34,9 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
         t.add_row("c (draft pass / target pass)", _fmt(st.c), "")
         if st.predicted_speedup is not None and not tree:
             t.add_row("predicted speedup", _fmt(st.predicted_speedup, ".2f") + "x",
-                      "(1-a^(g+1))/(1-a) / (g c + 1); measure it with --method none")
+                      "(1-a^(g+1))/(1-a) / (g c + 1)" + (f" / v(g+1) = {st.verify_cost:.2f}, the measured verify "
+                                                         "cost" if st.verify_cost else "")
+                      + "; measure it with --baseline")
     if st.paused_steps:
         t.add_row("drafting paused", f"{st.paused_steps}/{st.target_passes - 1}", "steps whose lookup was not verified: "
                   "at its measured acceptance no prefix beat a plain step's cost")

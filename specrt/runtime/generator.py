@@ -354,7 +354,8 @@ class SpeculativeGenerator:
         reused = self._rewind(tokens, drafter)
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),
-                            stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens), reused_tokens=reused),
+                            stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens), reused_tokens=reused,
+                                                verify_costs=self._verify_costs),
                             min_rows=2 if opts.row_stable else 1)
         tracker = _TextTracker(self.tokenizer, opts.stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)

@@ -42,6 +42,9 @@ class StatsRecorder:
     engine_s: float = 0.0  # inside the models' engine run calls (set by the caller, who owns the models)
     target_copied_bytes: int = 0  # device-to-host bytes of the target's outputs (set by the caller)
     t_start: float = field(default_factory=time.perf_counter)
+    # The target's verify-cost curve v(1..n) where the generator has measured it (runtime.costs): the predicted
+    # speedup then prices a verify pass of γ+1 rows against a plain one-row step, not as equal to it
+    verify_costs: tuple[float, ...] | None = None
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -71,7 +74,11 @@ class StatsRecorder:
         alpha = sum(self.betas) / len(self.betas) if self.betas else None
         mean_gamma = self.drafted / self.steps if self.steps else 0.0
         gamma = round(mean_gamma)
-        predicted = theory.speedup(min(alpha, 1.0), gamma, c) if alpha is not None and gamma else None
+        # c is a draft pass over the verify pass timed here, so the theory's unit is that pass; a plain step is
+        # v(γ+1) times cheaper, which the curve, where known, divides out.
+        verify_cost = theory.verify_cost_at(self.verify_costs, gamma + 1) if self.verify_costs and gamma else None
+        predicted = (theory.speedup(min(alpha, 1.0), gamma, c) / (verify_cost or 1.0)
+                     if alpha is not None and gamma else None)
         return GenerationStats(
             method=self.method, prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,
             drafted=self.drafted, accepted=self.accepted,
@@ -87,7 +94,7 @@ class StatsRecorder:
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
                                 for d in range(max(self.accepted_lengths, default=0))],
-            reused_tokens=self.reused_tokens, paused_steps=self.paused)
+            reused_tokens=self.reused_tokens, paused_steps=self.paused, verify_cost=verify_cost)
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,7 @@ class GenerationStats:
     tokens_per_target_pass: float  # the stop id a last pass produced included: plain decoding = 1.00
     mean_gamma: float  # tokens drafted per step: chain length, or tree nodes verified per pass
     c: float  # measured draft pass time / target verification pass time
-    predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c)
+    predicted_speedup: float | None  # theory.speedup(alpha_estimate, round(mean_gamma), c) / verify_cost
     total_s: float
     prefill_s: float
     draft_s: float
@@ -125,6 +132,8 @@ class GenerationStats:
     reused_tokens: int = 0
     # steps whose proposal was not verified: prompt lookup kept missing where rows are dear (runtime.loop.DraftGate)
     paused_steps: int = 0
+    # v(γ+1): a verify pass over a plain step, from the measured curve, in predicted_speedup; None: not measured
+    verify_cost: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

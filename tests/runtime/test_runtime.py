@@ -336,3 +336,20 @@ def test_the_stop_id_a_pass_yields_counts_as_its_token(close_bundle, method):
     assert st.tokens_per_target_pass == pytest.approx((first + 1) / st.target_passes)
     if method == "none":
         assert full.stats.tokens_per_target_pass == 1.0 and st.tokens_per_target_pass == 1.0
+
+
+def test_the_predicted_speedup_prices_the_verify_pass_once_its_cost_is_measured(close_bundle):
+    """c is a draft pass over the verify pass timed in the loop; a plain step is v(γ+1) times cheaper than that
+    pass, so once the curve is measured (gamma auto measures it) the prediction divides it out."""
+    from specrt import theory
+
+    gen = specrt.load(close_bundle, threads=1)
+    before = gen.generate(PROMPTS[0], max_new_tokens=20, method="draft", gamma=3).stats
+    assert before.verify_cost is None
+    assert before.predicted_speedup == pytest.approx(
+        theory.speedup(before.alpha_estimate, round(before.mean_gamma), before.c))
+    gen.generate(PROMPTS[0], max_new_tokens=8, method="draft", gamma="auto")
+    st = gen.generate(PROMPTS[0], max_new_tokens=20, method="draft", gamma=3).stats
+    gamma = round(st.mean_gamma)
+    assert st.verify_cost == pytest.approx(theory.verify_cost_at(gen.verify_costs(), gamma + 1))
+    assert st.predicted_speedup == pytest.approx(theory.speedup(st.alpha_estimate, gamma, st.c) / st.verify_cost)
