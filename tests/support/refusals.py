@@ -19,3 +19,14 @@ def assert_refused_in_one_line(bundle: Path, message: str) -> None:
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     res = CliRunner().invoke(main, ["run", "x", "--bundle", str(bundle), "--max-new-tokens", "2"])
     assert res.exit_code == 1 and "Traceback" not in res.output and message in res.output, res.output
+
+
+def assert_rewrite_refused_unchanged(rewrite, model, dims, match: str) -> None:
+    """A graph rewrite (export/graph/gqa*.py) that refuses ``model`` raises a ConfigError matching ``match`` and
+    leaves the model byte for byte as it was: nothing half rewritten."""
+    from specrt.errors import ConfigError
+
+    before = model.SerializeToString()
+    with pytest.raises(ConfigError, match=match):
+        rewrite(model, dims)
+    assert model.SerializeToString() == before
