@@ -22,6 +22,9 @@ from .options import (
 )
 
 
+SLOWER = 0.97  # a measured speedup below this is said to be a loss, not noise
+
+
 @main.command()
 @click.argument("prompt")
 @click.option("--chat", is_flag=True,
@@ -106,6 +109,9 @@ def run(prompt: str, chat: bool, system_message: str | None, bundle: str | None,
                     graphs=target.graph_status)
         if gen.drafter_note and result.stats.method == "ngram":
             click.echo(f"note: {gen.drafter_note}", err=True)
+        if measured is not None and measured < SLOWER:
+            click.echo(f"note: {result.stats.method} ran {measured:.2f}x plain decoding here: at these settings the "
+                       "drafter does not pay on this machine; --method none is faster for them", err=True)
 
 
 @main.command()

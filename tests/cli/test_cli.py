@@ -122,3 +122,18 @@ def test_a_temperature_too_small_for_float32_decodes_greedily():
             for t in ("0", "1e-40")]
     assert all(r.exit_code == 0 for r in runs), runs[-1].output
     assert json.loads(runs[0].output)["token_ids"] == json.loads(runs[1].output)["token_ids"]
+
+
+def test_run_says_when_the_drafter_measured_slower_than_plain_decoding(close_bundle, monkeypatch):
+    """--baseline measures plain decoding beside the run; below SLOWER the user is told to use --method none."""
+    from specrt.cli import run as run_cmd
+
+    args = ("run", "def fib(n):", "--bundle", str(close_bundle), "--max-new-tokens", "12", "--stats", "--baseline")
+    monkeypatch.setattr(run_cmd, "SLOWER", 0.0)  # nothing measures below 0x: no note
+    res = invoke(*args)
+    assert res.exit_code == 0 and "--method none is faster" not in res.output, res.output
+    monkeypatch.setattr(run_cmd, "SLOWER", 1e9)  # every measured speedup counts as a loss
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    assert "note: draft ran" in res.output and "x plain decoding here" in res.output
+    assert "--method none is faster" in res.output
