@@ -102,9 +102,10 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
     from ..export.quant.quantize import QuantizeOptions
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
-    if not quantize and find_gguf(model) and requantize_gguf(gguf_blocks, bool(eagle or draft)):
+    gguf = find_gguf(model)
+    if not quantize and gguf and requantize_gguf(gguf_blocks, bool(eagle or draft)):
         quantize, graph = 4, "gqa" if graph == "auto" else graph
-        click.echo(f"{Path(model).name}: re-quantizing to int4 with {graph} graphs, not keeping its blocks: a "
+        click.echo(f"{gguf.name}: re-quantizing to int4 with {graph} graphs, not keeping its blocks: a "
                    "drafter's steps verify several rows, which Q4 blocks make dear on a CPU (--gguf-blocks keep "
                    "keeps them)")
     dtypes = {"fp32": "float32", "fp16": "float16"}
@@ -113,7 +114,7 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
     # A GGUF target keeps its blocks without --quantize; --draft-quantize none then still means a float draft.
-    gguf_target = find_gguf(model) if draft_quantize is None and not quantize else None
+    gguf_target = gguf if draft_quantize is None and not quantize else None
     qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
                              kernel=kernel, gguf=(("target", str(gguf_target)),) if gguf_target else ())

@@ -15,6 +15,7 @@ from .options import (
     chat_for,
     chat_option,
     checked,
+    measure_prompts,
     gamma_option,
     low_memory_option,
     sampling_options,
@@ -121,7 +122,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, 
     options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, draft_stop=draft_stop,
                    row_stable=row_stable, temperature=temperature, top_k=top_k, top_p=top_p,
                    tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree),
-                   greedy_baseline=greedy_baseline, chat=bool(chat))
+                   greedy_baseline=greedy_baseline)
     if methods is not None:  # checked before loading; the default needs the bundle
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else None
@@ -130,9 +131,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, 
     options["chat"] = chat = chat_for(gen, chat)
     if methods is not None:
         cfg = dataclasses.replace(cfg, chat=chat)
-    if prompts is None:  # with --chat and no set named: 8 chat prompts, as plan measures on (the set has 210)
-        prompts = builtin_prompts(prompt_set) if prompt_set else builtin_prompts("chat")[-8:] if chat else \
-            builtin_prompts("code")
+    if prompts is None:
+        prompts = builtin_prompts(prompt_set) if prompt_set else measure_prompts(chat)
     if methods is None:
         cfg = BenchConfig(methods=default_methods(gen), **options)
     notes = bench_notes(gen)
@@ -224,13 +224,11 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         if alpha is not None or c is not None:
             raise click.UsageError("give either --alpha/--c or --bundle, not both")
         from .. import load
-        from ..data import prompts as builtin_prompts
         from ..measure.bench import read_prompts
 
         gen = load(bundle, threads=threads, shared_threads=thread_pool == "shared")  # c depends on the pool
         chat = chat_for(gen, chat)
-        prompts = (read_prompts(prompts_file) if prompts_file
-                   else builtin_prompts("chat")[-8:] if chat else builtin_prompts("code"))
+        prompts = read_prompts(prompts_file) if prompts_file else measure_prompts(chat)
         m = measure(gen, prompts, temperature=temperature, chat=chat)
         alpha, c = m.alpha, m.c
         measured_at = "greedy" if not temperature else f"at T {temperature:g}"
@@ -306,8 +304,9 @@ def verify(bundle: str | None, samples: int, max_new_tokens: int, prompt_set: st
                 tasks[what] = bar.add_task(what, total=total)
             bar.update(tasks[what], completed=done)
 
-        chat = (prompt_set or ("chat" if chat_for(gen, None) else "all")) == "chat"
-        prompts = builtin_prompts("chat")[-12:] if chat else builtin_prompts(prompt_set or "all")
+        prompt_set = prompt_set or ("chat" if chat_for(gen, None) else "all")
+        chat = prompt_set == "chat"
+        prompts = builtin_prompts("chat")[-12:] if chat else builtin_prompts(prompt_set)
         for ch in verify_bundle(gen, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                 on_progress=on_progress, chat=chat):
             checks.append(ch)

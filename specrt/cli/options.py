@@ -197,3 +197,11 @@ def chat_option(what: str) -> Callable:
 def chat_for(gen, chat: bool | None) -> bool:
     """``chat`` as given, else whether the bundle has a chat template."""
     return gen.manifest.tokenizer.chat_template is not None if chat is None else chat
+
+
+def measure_prompts(chat: bool) -> list[str]:
+    """The shipped prompts bench and plan measure on unless told: 8 chat prompts (the set has 210), or the 8 code
+    prompts."""
+    from ..data import prompts
+
+    return prompts("chat")[-8:] if chat else prompts("code")

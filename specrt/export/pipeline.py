@@ -116,7 +116,8 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
 # SmolLM2-135M-Instruct's Q4_1 GGUF with its EAGLE-3 head on a 2-core AVX2 EPYC (2026-12-06, separate processes,
 # 14 held-out chat prompts x 64 tokens, greedy, medians of 3 rounds: docs/performance/smollm2-gguf-cpu.md): the Q4_1
 # blocks kept, auto (eagle-tree) 0.98x llama.cpp's best mode on the same file; re-quantized to int4 HQQ with gqa
-# graphs, 1.38x by the medians, 1.11x by each round's ratio (plain decoding 1.22x). Q4 blocks cost 1.1-2.1x one row to verify 2-8 rows on a CPU.
+# graphs, 1.38x by the medians, 1.11x by each round's ratio (plain decoding 1.22x). Q4 blocks cost 1.1-2.1x one
+# row to verify 2-8 rows on a CPU.
 GGUF_BLOCKS = ("auto", "keep", "requantize")
 
 

@@ -25,13 +25,13 @@ from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .masks import TREES_NEED
 from .options import AUTO, DecodeOptions
-
-ADVICE_LOGGER = "specrt.advice"  # what load() tells a library user; the CLI says it itself, where it matters
 from .stats import GenerationStats, StatsRecorder
 from .tree import DynamicTree
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
+
+ADVICE_LOGGER = "specrt.advice"  # what load() tells a library user; the CLI says it itself, where it matters
 
 
 @dataclass(frozen=True)
