@@ -37,7 +37,9 @@ def print_stats(st: GenerationStats, provider: str, lossy: bool = False,
                       "(1-a^(g+1))/(1-a) / (g c + 1)" + (f" / v(g+1) = {st.verify_cost:.2f}, the measured verify "
                                                          "cost" if st.verify_cost else "")
                       + "; measure it with --baseline")
-    if st.paused_steps:
+    if st.switch:
+        t.add_row("auto's switch", f"{st.paused_steps}/{st.target_passes - 1} plain", st.switch)
+    elif st.paused_steps:
         t.add_row("drafting paused", f"{st.paused_steps}/{st.target_passes - 1}", "steps whose lookup was not verified: "
                   "at its measured acceptance no prefix beat a plain step's cost")
     t.add_row("tokens/s", _fmt(st.tokens_per_second, ".1f"), f"{st.total_s * 1000:.0f} ms in all")

@@ -32,8 +32,10 @@ class CachedModel:
         self.hidden = np.zeros((0, decoder.entry.dims.hidden_size))  # rows of the last `last` fed tokens
         # The graph computes only the rows' logits it is asked for (contract.LOGITS_INDEX)
         self._indexed = bool(getattr(decoder.entry, "logits_index", False))
-        # A target with an EAGLE-3 tap output: the last pass's taps, every row, from position taps_start on.
-        self.taps: np.ndarray | None = None
+        # A target with an EAGLE-3 tap output: the taps of consecutive positions from taps_start on, as the
+        # passes made them (one array each, [rows, tap_width]), kept until the head has read them (release_taps):
+        # a head that sat out some plain steps catches up over all their rows at once
+        self._taps: list[np.ndarray] = []
         self.taps_start = 0
 
     def run(self, tokens: list[int], positions: np.ndarray, mask: np.ndarray, sampling: SamplingConfig,
@@ -57,7 +59,7 @@ class CachedModel:
         self._serial += 1  # never reset: tells rows of this pass from rows of any later one
         self.hidden = out.hidden[q_len - last:].copy()  # small: Medusa reads one row of it
         if C.EAGLE_TAPS in out.extra:
-            self.taps, self.taps_start = out.extra[C.EAGLE_TAPS].copy(), self.cache.length - q_len
+            self._keep_taps(self.cache.length - q_len, out.extra[C.EAGLE_TAPS].copy())
         made_at = self._serial
         valid = lambda: self._serial == made_at  # noqa: E731
         if self._device is not None:
@@ -72,19 +74,47 @@ class CachedModel:
         mask, positions = speculation_mask(self.cache.length, prefix, tree_parents)
         return self.run(tokens, positions, mask, sampling, last, extra)
 
+    @property
+    def taps_stop(self) -> int:
+        """One past the last position whose taps are held."""
+        return self.taps_start + sum(len(t) for t in self._taps)
+
+    def _keep_taps(self, start: int, new: np.ndarray) -> None:
+        """Taps of positions from ``start`` on are ``new`` now; those below it stay where they continue."""
+        if not self.taps_start <= start <= self.taps_stop:  # not adjacent to what is held (a reset cache)
+            self._taps, self.taps_start = [new], start
+            return
+        kept, end = [], self.taps_start
+        for chunk in self._taps:
+            if end >= start:
+                break
+            kept.append(chunk[:start - end])
+            end += len(kept[-1])
+        self._taps = kept + [new]
+
     def taps_at(self, start: int, stop: int) -> np.ndarray:
-        """The EAGLE-3 taps of positions [start, stop), all from the last pass (which must have made them)."""
-        if self.taps is None or start < self.taps_start or stop > self.taps_start + len(self.taps):
-            raise RuntimeError(f"taps of positions [{start}, {stop}) are not in the last pass's "
-                               f"[{self.taps_start}, {self.taps_start + (0 if self.taps is None else len(self.taps))})")
-        return self.taps[start - self.taps_start:stop - self.taps_start]
+        """The EAGLE-3 taps of positions [start, stop), from the passes since the head last read them."""
+        if not self._taps or start < self.taps_start or stop > self.taps_stop:
+            raise RuntimeError(f"taps of positions [{start}, {stop}) are not among those held, "
+                               f"[{self.taps_start}, {self.taps_stop if self._taps else self.taps_start})")
+        if len(self._taps) > 1:
+            self._taps = [np.concatenate(self._taps)]
+        return self._taps[0][start - self.taps_start:stop - self.taps_start]
+
+    def release_taps(self, before: int) -> None:
+        """Forget the taps of positions below ``before``: the head's rows there are final."""
+        if self._taps and before > self.taps_start:
+            held = np.concatenate(self._taps) if len(self._taps) > 1 else self._taps[0]
+            cut = min(before - self.taps_start, len(held))
+            self._taps, self.taps_start = [held[cut:]], self.taps_start + cut
 
     def compact(self, start: int, keep: list[int]) -> None:
         """Keep the entries at ``start + keep[j]`` as ``start + j`` (a tree's accepted path), taps included."""
         self.cache.compact(start, keep)
-        if self.taps is not None and start >= self.taps_start:
+        if self._taps and start >= self.taps_start:
+            held = np.concatenate(self._taps) if len(self._taps) > 1 else self._taps[0]
             src = start - self.taps_start + np.asarray(keep, np.int64)
-            self.taps = np.concatenate([self.taps[:start - self.taps_start], self.taps[src]])
+            self._taps = [np.concatenate([held[:start - self.taps_start], held[src]])]
 
     @property
     def copied_bytes(self) -> int:
@@ -97,4 +127,4 @@ class CachedModel:
         self.passes = 0
         self._copied, self._device = 0, None
         self.forward_s = 0.0
-        self.taps, self.taps_start = None, 0
+        self._taps, self.taps_start = [], 0

@@ -59,6 +59,7 @@ class EagleDrafter(Drafter):
     def _catch_up(self, tokens: list[int], sampling: SamplingConfig) -> LogitRows:
         """Rows done .. m-2 (tokens[done+1:], with the target's taps done .. m-2); the last predicts tokens[m]."""
         head, done, m = self.head, self.head.cache.length, len(tokens)
+        self.target.release_taps(done)  # the head's rows below done are final: their taps are not read again
         taps = self.target.taps_at(done, m - 1)
         self._final = m - 1  # rows with the target's taps; the rest are dropped at rollback
         return head.feed(tokens[done + 1:], sampling, extra={

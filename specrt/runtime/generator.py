@@ -22,6 +22,7 @@ from .cached import CachedModel
 from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
                     remembered_verify_costs)
 from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
+from .gate import GatedStepper, MethodGate
 from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
 from .masks import TREES_NEED
 from .options import AUTO, DecodeOptions
@@ -167,6 +168,7 @@ class SpeculativeGenerator:
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self._verify_costs: tuple[float, ...] | None = None
         self._verify_rows = 0  # the most rows verify_costs was asked for
+        self._gates: dict[tuple, MethodGate] = {}  # auto's switch per method and settings (_method_gate)
         # Off by default, so every generation costs what the last did (benchmarks). On, a generation whose
         # prompt starts as the last one's context did (the turns of a conversation, one prompt sampled again)
         # feeds only the rest: each cache keeps what it holds of that context.
@@ -351,6 +353,9 @@ class SpeculativeGenerator:
         stepper = (PlainStepper() if method == "none"
                    else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
                    else ChainStepper(opts.gamma, self.verify_costs() if auto or gate else None, gate=gate))
+        switch = self._method_gate(opts, method, drafter)
+        if switch is not None:
+            stepper = GatedStepper(stepper, switch)
         reused = self._rewind(tokens, drafter)
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),
@@ -378,9 +383,20 @@ class SpeculativeGenerator:
         tail = tracker.flush()
         if tail:
             yield tail
+        if switch is not None:
+            state.stats.switch_note = switch.describe(method)
         state.stats.engine_s = sum(m.forward_s for m in self._models.values())
         state.stats.target_copied_bytes = state.target.copied_bytes
         return GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
+
+    def _method_gate(self, opts: DecodeOptions, method: str, drafter: Drafter) -> MethodGate | None:
+        """``auto``'s switch between the method and plain decoding (runtime.gate), one per method and settings
+        for the generator's life; None where the user named the method, or it needs none (plain decoding,
+        prompt lookup, which judges each proposal itself) or is lossy anyway (typical acceptance)."""
+        if opts.method != AUTO or method == "none" or drafter.proposes_for_free or opts.acceptance == "typical":
+            return None
+        key = (method, opts.sampling, opts.gamma, opts.eagle_tree, opts.tree, opts.draft_stop, opts.row_stable)
+        return self._gates.setdefault(key, MethodGate())
 
     def _rewind(self, tokens: list[int], drafter: Drafter) -> int:
         """Cut every cache to what this generation can keep of it (nothing unless ``reuse_prefix``); returns

@@ -18,7 +18,7 @@ class StepRecord:
     draft_passes: int
     draft_s: float
     verify_s: float
-    paused: bool = False  # a proposal made and not verified: DraftGate judged no prefix of it would pay
+    paused: bool = False  # a plain step in a speculative method: DraftGate or auto's MethodGate judged drafting lost
 
 
 @dataclass
@@ -35,7 +35,7 @@ class StatsRecorder:
     drafted: int = 0
     accepted: int = 0
     draft_passes: int = 0
-    paused: int = 0  # steps whose proposal DraftGate did not verify
+    paused: int = 0  # plain steps in a speculative method: DraftGate's unverified lookups, MethodGate's switch
     betas: list[float] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
@@ -45,6 +45,7 @@ class StatsRecorder:
     # The target's verify-cost curve v(1..n) where the generator has measured it (runtime.costs): the predicted
     # speedup then prices a verify pass of γ+1 rows against a plain one-row step, not as equal to it
     verify_costs: tuple[float, ...] | None = None
+    switch_note: str | None = None  # auto's MethodGate: what it measured and ran (set by the caller)
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -94,7 +95,8 @@ class StatsRecorder:
             tokens_per_second=self.new_tokens / total if total > 0 else 0.0,
             accepted_per_depth=[sum(n > d for n in self.accepted_lengths) / self.steps
                                 for d in range(max(self.accepted_lengths, default=0))],
-            reused_tokens=self.reused_tokens, paused_steps=self.paused, verify_cost=verify_cost)
+            reused_tokens=self.reused_tokens, paused_steps=self.paused, verify_cost=verify_cost,
+            switch=self.switch_note)
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,14 @@ class GenerationStats:
     accepted_per_depth: list[float] = field(default_factory=list)
     # prompt tokens not fed again: their K/V was left by the previous generation (reuse_prefix)
     reused_tokens: int = 0
-    # steps whose proposal was not verified: prompt lookup kept missing where rows are dear (runtime.loop.DraftGate)
+    # plain steps in a speculative method: prompt lookup kept missing where rows are dear (runtime.loop.DraftGate),
+    # or auto measured the method slower than plain decoding (runtime.gate.MethodGate)
     paused_steps: int = 0
     # v(γ+1): a verify pass over a plain step, from the measured curve, in predicted_speedup; None: not measured
     verify_cost: float | None = None
+    # auto's switch between the method and plain decoding (runtime.gate): its measured rates and what ran; None
+    # where the method was named or needs no switch
+    switch: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

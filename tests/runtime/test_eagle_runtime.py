@@ -106,6 +106,30 @@ def test_rows_fed_the_heads_own_features_are_recomputed_after_verification(accep
     assert catch_up["extra"][C.EAGLE_TAPS][:, 0].tolist() == list(range(4, len(tokens) - 1))
 
 
+def test_a_head_that_sat_out_plain_steps_catches_up_over_their_rows():
+    """auto's switch (runtime.gate) may run plain steps between proposals: the target keeps each pass's taps
+    until the head has read them, and the next catch-up covers every row the head missed."""
+    target, head, drafter = _pair()
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    prompt = [5, 6, 7, 8]
+    target.feed(prompt, greedy, last=1)
+    tokens = prompt + [9]
+    proposal = drafter.propose(tokens, 1, greedy, rng)
+    target.feed([9] + proposal.tokens, greedy, last=2)  # verify: positions 4, 5; the draft is rejected
+    target.cache.truncate(len(tokens))
+    drafter.rollback(len(tokens))
+    tokens = tokens + [10]
+    for token in (11, 12):  # two plain steps: one row each, the head not run
+        target.feed(tokens[target.cache.length:], greedy)
+        tokens = tokens + [token]
+    head.decoder.calls.clear()
+    drafter.propose(tokens, 1, greedy, rng)
+    catch_up = head.decoder.calls[0]
+    assert catch_up["past"] == 4 and catch_up["ids"] == [10, 11, 12] and catch_up["pos"] == [4, 5, 6]
+    assert catch_up["extra"][C.EAGLE_TAPS][:, 0].tolist() == [4, 5, 6]  # the verify pass's, then each plain one's
+    assert target.taps_start == 4  # what the head has read is let go: rows below it are final
+
+
 def test_taps_not_made_by_the_last_target_pass_are_an_error_not_garbage():
     target, head, drafter = _pair()
     target.feed([5, 6], SamplingConfig(), last=1)
