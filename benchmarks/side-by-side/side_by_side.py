@@ -2,7 +2,7 @@
 
     python benchmarks/side-by-side/side_by_side.py --bundle B[=METHODS] [--bundle ...] --gguf FILE [--gguf ...] \
         --llama-bin DIR [--llama-spec 'GGUF=ARGS' ...] [--genai [LABEL=]MODEL_DIR ...] --prompts P.json [--chat]
-        [--max-new-tokens 64] [--rounds 3] [--threads 2] [--json OUT] [--bench-args '--gamma 2']
+        [--max-new-tokens 64] [--rounds 3] [--threads 2] [--temperature 0] [--json OUT] [--bench-args '--gamma 2']
 
 Each round runs every engine once, in turn (the order rotates by round): a bundle is one `specrt bench`
 process over all prompts (its methods, default `none`; its tokens/s counts prefill and decoding); a GGUF is
@@ -13,7 +13,9 @@ that GGUF, one `llama-speculative-simple` process per prompt with ARGS added (e.
 -md head.gguf`), timed as its own "encoded" + "decoded" lines, its acceptance recorded; an ONNX Runtime GenAI model folder (`--genai`, e.g. the build
 `specrt bench --compare ortgenai` caches) is one child process over all prompts, timed from its
 ``GeneratorParams`` to its last token per prompt after one warm-up. Chat prompts reach llama.cpp as the text the bundle's chat template renders. Medians
-over rounds, and each engine's ratio to the first GGUF.
+over rounds, and each engine's ratio to the first GGUF. ``--temperature T`` samples at T everywhere: llama.cpp with
+its default top-k, top-p and min-p turned off (``--top-k 0 --top-p 1 --min-p 0``), so both draw from the model's own
+distribution at T; GenAI stays greedy (refused with T > 0).
 """
 
 from __future__ import annotations
@@ -44,11 +46,20 @@ def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, th
         return {m: r["tokens_per_second"] for m, r in json.loads(out.read_text())["methods"].items()}
 
 
-def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int) -> dict[str, float]:
+def sampling_args(temperature: float) -> list[str]:
+    """llama.cpp's sampling at ``temperature``: greedy at 0, else T alone (its top-k 40, top-p 0.95, min-p 0.05
+    defaults off, as specrt's bench samples)."""
+    if temperature == 0:
+        return ["--temp", "0"]
+    return ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+
+
+def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int,
+                temperature: float = 0.0) -> dict[str, float]:
     tokens = ms = 0.0
     for text in texts:
-        run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "-t", str(threads),
-                              "-no-cnv", "-s", "0"], capture_output=True, text=True, check=True)
+        run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), *sampling_args(temperature),
+                              "-t", str(threads), "-no-cnv", "-s", "0"], capture_output=True, text=True, check=True)
         perf = {m[0]: (float(m[1]), int(m[2])) for m in PERF.findall(run.stderr)}
         prompt_ms, decode = perf["prompt eval"][0], perf["eval"]
         tokens += decode[1] + 1  # the first new token comes from the prompt's pass
@@ -57,13 +68,13 @@ def llama_round(binary: Path, gguf: str, texts: list[str], n: int, threads: int)
 
 
 def llama_spec_round(binary: Path, gguf: str, args: list[str], texts: list[str], n: int,
-                     threads: int) -> dict[str, float]:
+                     threads: int, temperature: float = 0.0) -> dict[str, float]:
     """llama.cpp's speculative decoding (`llama-speculative-simple`), greedy: tokens/s over its encode + decode
     time, and the share of drafted tokens its target kept."""
     tokens = seconds = drafted = accepted = 0.0
     for text in texts:
-        run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), "--temp", "0", "-t", str(threads),
-                              "-s", "0", *args], capture_output=True, text=True, check=True)
+        run = subprocess.run([str(binary), "-m", gguf, "-p", text, "-n", str(n), *sampling_args(temperature),
+                              "-t", str(threads), "-s", "0", *args], capture_output=True, text=True, check=True)
         times = {m[0]: (int(m[1]), float(m[2])) for m in SPEC_TIME.findall(run.stderr)}
         counts = {m[0]: int(m[1]) for m in SPEC_COUNT.findall(run.stderr)}
         tokens += times["decoded"][0]
@@ -124,6 +135,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature for every engine (0: greedy)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--bench-args", default="", help="more `specrt bench` options, e.g. '--gamma 2'")
     a = ap.parse_args()
@@ -132,18 +144,22 @@ def main() -> None:
         return genai_worker(a.genai_worker, prompts, a.max_new_tokens, a.threads)
     if (a.gguf or a.llama_spec) and a.llama_bin is None:
         ap.error("--gguf and --llama-spec need --llama-bin")
+    if a.temperature < 0 or (a.temperature > 0 and a.genai):
+        ap.error("--temperature must be >= 0, and 0 with --genai (its worker decodes greedily)")
     bundles = [b.split("=", 1) if "=" in b else (b, "none") for b in a.bundle]
     texts = prompt_texts(bundles[0][0], prompts, a.chat) if bundles else prompts
     engines = [(f"llama.cpp {Path(g).name}", lambda g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
-                                                                      a.max_new_tokens, a.threads)) for g in a.gguf]
+                                                                      a.max_new_tokens, a.threads, a.temperature))
+               for g in a.gguf]
     specs = [spec.split("=", 1) for spec in a.llama_spec]
     engines += [(f"llama.cpp {Path(g).name} {short(args)}", lambda g=g, args=args: llama_spec_round(
-        a.llama_bin / "llama-speculative-simple", g, args.split(), texts, a.max_new_tokens, a.threads))
+        a.llama_bin / "llama-speculative-simple", g, args.split(), texts, a.max_new_tokens, a.threads,
+        a.temperature))
         for g, args in specs]
     genai = [g.split("=", 1) if "=" in g else (Path(g).name, g) for g in a.genai]
     engines += [(f"ONNX Runtime GenAI {label}", lambda g=g: genai_round(g, texts, a.max_new_tokens, a.threads))
                 for label, g in genai]
-    extra = a.bench_args.split()
+    extra = a.bench_args.split() + (["--temperature", str(a.temperature)] if a.temperature else [])
     engines += [(f"specrt {Path(b).name}", lambda b=b, m=m: specrt_round(b, m, a.prompts, a.chat, a.max_new_tokens,
                                                                           a.threads, extra)) for b, m in bundles]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in engines}
@@ -161,6 +177,7 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps({"prompts": a.prompts, "chat": a.chat, "max_new_tokens": a.max_new_tokens,
                                       "rounds": a.rounds, "threads": a.threads, "bench_args": a.bench_args,
+                                      "temperature": a.temperature,
                                       "tokens_per_second": rows, "llama_acceptance": acceptance,
                                       "runs": runs}, indent=2) + "\n")
 
