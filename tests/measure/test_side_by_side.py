@@ -74,3 +74,13 @@ def test_labels_name_files_by_their_names(tmp_path: Path) -> None:
     head.write_bytes(b"")
     assert sbs.short(f"--spec-type draft-eagle3 -md {head} --spec-draft-n-max 1") == \
         "--spec-type draft-eagle3 -md head.gguf --spec-draft-n-max 1"
+
+
+def test_sampling_turns_llama_cpp_s_extra_samplers_off(tmp_path: Path) -> None:
+    """At T > 0 llama.cpp would cut the distribution with its default top-k 40, top-p 0.95 and min-p 0.05; specrt's
+    bench samples from the whole of it, so the comparison turns them off."""
+    binary = _binary(tmp_path, "llama-completion", COMPLETION)
+    sbs.llama_round(binary, "t.gguf", ["a"], 64, 2, temperature=0.7)
+    call = (tmp_path / "llama-completion.args").read_text()
+    assert "--temp 0.7 --top-k 0 --top-p 1 --min-p 0" in call
+    assert sbs.sampling_args(0.0) == ["--temp", "0"]
