@@ -47,6 +47,7 @@ def test_export_and_run(pairs, tmp_path):
     res = invoke("export", str(t), "--draft", str(d), "-o", str(tmp_path / "b"), "--exporter", "torchscript")
     assert res.exit_code == 0, res.output
     assert "vs PyTorch fp32: max rel" in res.output and "tolerance rel 0.001" in res.output and "done" in res.output
+    assert "measured here: auto (draft) ran " in res.output and "x greedy" in res.output and "at T 0.7" in res.output
     res = invoke("run", "def f():", "--bundle", str(tmp_path / "b"), "--max-new-tokens", "12", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
