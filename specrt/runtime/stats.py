@@ -73,7 +73,8 @@ class StatsRecorder:
         t_draft = self.seconds["draft"] / self.draft_passes if self.draft_passes else 0.0
         c = t_draft / t_target if t_target else 0.0
         alpha = sum(self.betas) / len(self.betas) if self.betas else None
-        mean_gamma = self.drafted / self.steps if self.steps else 0.0
+        drafting = self.steps - self.paused  # a paused step is a plain one: it drafted nothing it verified
+        mean_gamma = self.drafted / drafting if drafting else 0.0
         gamma = round(mean_gamma)
         # c is a draft pass over the verify pass timed here, so the theory's unit is that pass; a plain step is
         # v(γ+1) times cheaper, which the curve, where known, divides out.
