@@ -60,5 +60,13 @@ class TrainingDivergedError(ConfigError):
     """A training run's loss stopped being finite (the demo pair's, an EAGLE-3 head's): its learning rate is too high."""
 
 
+class QualityGateError(ConfigError):
+    """A quantized model drifted past the quality gate against its float graph (``mean_kl``: how far)."""
+
+    def __init__(self, message: str, mean_kl: float = float("nan")) -> None:
+        super().__init__(message)
+        self.mean_kl = mean_kl
+
+
 class EagleHeadError(ConfigError):
     """An EAGLE-3 head folder is missing, of another layout (EAGLE-1/2), or made for another target."""

@@ -204,6 +204,9 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     medusa: MedusaEntry | None = None
     engines: dict[str, Any] = field(default_factory=dict)  # role -> TensorRT engine file, cache key, options
+    # What `specrt export` chose where the user left a setting unset (export.platform): the platform the bundle
+    # was made for ("for"), its dtype, the target's quantization, and a line of why per choice
+    chosen: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -259,6 +262,7 @@ class Manifest:
             "versions": self.versions,
             **({"medusa": asdict(self.medusa)} if self.medusa else {}),
             **({"engines": self.engines} if self.engines else {}),
+            **({"chosen": self.chosen} if self.chosen else {}),
         }
 
     def write(self, folder: Path) -> Path:
@@ -317,7 +321,8 @@ def _parse(raw: dict[str, Any]) -> Manifest:
                     tokenizer=TokenizerEntry.from_json(top.mapping("tokenizer")),
                     models={r: ModelEntry.from_json(m, f"models.{r}") for r, m in top.mapping("models").items()},
                     vocab_check=top.mapping("vocab_check", {}), versions=top.text_map("versions", {}),
-                    medusa=MedusaEntry.from_json(medusa) if medusa is not None else None, engines=engines)
+                    medusa=MedusaEntry.from_json(medusa) if medusa is not None else None, engines=engines,
+                    chosen=top.mapping("chosen", {}))
 
 
 def named_files(manifest: Manifest) -> list[tuple[str, str]]:

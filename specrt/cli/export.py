@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -23,8 +24,15 @@ from .options import (
                    "(with --draft-quantize int4|int8), which agrees with the target far more often than a "
                    "smaller model.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle folder to create.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="Weight and KV-cache precision of the exported graphs.")
+@click.option("--for", "platform", type=click.Choice(["auto", "cpu", "cuda", "tensorrt", "jetson"]), default="auto",
+              show_default=True,
+              help="Where the bundle will run; settings left unset are chosen for it, and said: cpu, int4 weights "
+                   "(HQQ) where they pass the quality gate, else int8, else float, on gqa graphs (a GGUF keeps its "
+                   "blocks unless a drafter is given); cuda and jetson, fp16 gqa-static graphs whose verify steps "
+                   "ONNX Runtime replays as CUDA graphs; tensorrt, fp16 portable graphs for `specrt build`. auto: "
+                   "this machine (cuda where torch sees a GPU, else cpu).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]),
+              help="Weight and KV-cache precision of the exported graphs [default: --for's: fp32 on a CPU, else fp16].")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset of portable graphs (fused graphs are opset 23).")
 @click.option("--max-context", type=int,
@@ -53,10 +61,11 @@ from .options import (
                    "serves, e.g. RedHatAI's *-speculator.eagle3): adds eagle.onnx and its vocabulary map, and the "
                    "target graph outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 "
                    "targets).")
-@click.option("--quantize", type=click.Choice(["int4", "int8"]), callback=parse_bits,
-              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits. "
-                   "Without it the target stays float; --draft-quantize / --eagle-quantize int4|int8 still "
-                   "quantize the proposer alone.")
+@click.option("--quantize", type=click.Choice(["int4", "int8", "none"]),
+              help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits; "
+                   "none: float [default: --for's: on a CPU int4, else int8, else float, the first the quality gate "
+                   "passes; float on a GPU]. With --draft-quantize / --eagle-quantize alone, only the proposer is "
+                   "quantized.")
 @click.option("--gguf-blocks", type=click.Choice(["auto", "keep", "requantize"]), default="auto", show_default=True,
               help="A GGUF target without --quantize: keep, its Q4_0 / Q4_1 / Q8_0 blocks as they are (the fastest "
                    "plain decoding); requantize, int4 (--algorithm) with gqa graphs from its dequantized weights, "
@@ -68,9 +77,9 @@ from .options import (
                    "what it gained here (a few seconds on a small model).")
 @quantize_layout_options(" (when anything is quantized)")
 @force_option
-def export(model: str, draft: str | None, output: str, dtype: str, opset: int, max_context: int | None,
-           exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None, medusa_nodes: int,
-           eagle: str | None, quantize: int | None, block_size: int, head_block_size: int | None,
+def export(model: str, draft: str | None, output: str, platform: str, dtype: str | None, opset: int,
+           max_context: int | None, exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None,
+           medusa_nodes: int, eagle: str | None, quantize: str | None, block_size: int, head_block_size: int | None,
            draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
            quantize_embeddings: bool | None, gguf_blocks: str, measure: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
@@ -100,29 +109,34 @@ def export(model: str, draft: str | None, output: str, dtype: str, opset: int, m
 
         from ..export.exporter import ExportOptions
     from ..export.pipeline import describe, export_pipeline, gguf_verify_note, next_steps, requantize_gguf
+    from ..export.platform import choose
     from ..export.progress import RichReporter
     from ..export.quant.gguf import find_gguf
     from ..export.quant.quantize import QuantizeOptions
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     gguf = find_gguf(model)
-    if not quantize and gguf and requantize_gguf(gguf_blocks, bool(eagle or draft)):
-        quantize, graph = 4, "gqa" if graph == "auto" else graph
-        click.echo(f"{gguf.name}: re-quantizing to int4 with {graph} graphs, not keeping its blocks: a "
-                   "drafter's steps verify several rows, which Q4 blocks make dear on a CPU (--gguf-blocks keep "
-                   "keeps them)")
-    dtypes = {"fp32": "float32", "fp16": "float16"}
-    options = ExportOptions(dtype=dtypes[dtype], opset=opset, max_context=max_context, exporter=exporter, force=force,
-                            medusa=medusa, medusa_nodes=medusa_nodes, graph=graph, eagle=eagle,
-                            medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
-    # A GGUF target keeps its blocks without --quantize; --draft-quantize none then still means a float draft.
-    gguf_target = gguf if draft_quantize is None and not quantize else None
-    qopts = (QuantizeOptions(quantize, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
+    bits = {"int4": 4, "int8": 8}.get(quantize or "")
+    choice = choose(platform, dtype=dtype, graph=graph, bits=bits, decided=quantize is not None or proposer_only,
+                    gguf=gguf is not None, requantize_gguf=bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft))))
+    for line in choice.why:
+        click.echo(line)
+    dtypes = {"fp32": "float32", "fp16": "float16"}
+    options = ExportOptions(dtype=dtypes[choice.dtype], opset=opset, max_context=max_context, exporter=exporter,
+                            force=force, medusa=medusa, medusa_nodes=medusa_nodes, graph=choice.graph,
+                            auto_graph=choice.auto_graph, eagle=eagle,
+                            medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
+    # A GGUF target keeps its blocks without bits; --draft-quantize none then still means a float draft.
+    gguf_target = gguf if draft_quantize is None and not choice.bits else None
+    qopts = (QuantizeOptions(choice.bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
                              kernel=kernel, gguf=(("target", str(gguf_target)),) if gguf_target else ())
-             if quantize or proposer_only or gguf_target else None)
-    manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo)
+             if choice.bits or proposer_only or gguf_target else None)
+    manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo,
+                               fallback=choice.fallback)
+    manifest = replace(manifest, chosen=choice.record((manifest.target.quantization or {}).get("bits")))
+    manifest.write(Path(output))
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
     click.echo(next_steps(manifest, output))

@@ -51,8 +51,11 @@ class ExportOptions:
     # The heads' own dtype (None: the models'). fp16 heads on an fp32 target are fine: the runtime casts
     # the hidden state to the heads' dtype, and they only rank candidates the target then verifies.
     medusa_dtype: str | None = None
-    # "auto": fused where the architecture has a fused graph (see fused_ops), else portable.
+    # "auto": ``auto_graph`` where the architecture has a fused graph (see fused_ops), else portable.
     graph: str = "auto"
+    # What "auto" gives a fused architecture: "fused", or the gqa / gqa-static rewrite of it that the platform the
+    # bundle is made for runs best (export.platform: a CPU's quantized bundle gqa, ONNX Runtime CUDA gqa-static).
+    auto_graph: str = "fused"
     # Run each model's PyTorch side (load, reference logits, graph) in a child process whose memory goes
     # back to the OS before ONNX Runtime checks the graph. None: only for checkpoints of ISOLATE_BYTES or
     # more (the child's start, ~3 s of imports, is not worth it for small models).
@@ -72,8 +75,8 @@ class ExportOptions:
             raise ConfigError(f"exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
         if self.medusa_dtype is not None and self.medusa_dtype not in DTYPES:
             raise ConfigError(f"medusa dtype must be one of {', '.join(DTYPES)}, got {self.medusa_dtype!r}")
-        if self.graph not in GRAPHS:
-            raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
+        if self.graph not in GRAPHS or self.auto_graph not in ("fused", *C.SHARED_KV_GRAPHS):
+            raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r} (auto: {self.auto_graph!r})")
         if self.graph in ("fused", *C.SHARED_KV_GRAPHS) and self.exporter != "dynamo":
             raise ConfigError(f"--graph {self.graph} needs the dynamo exporter")
 
@@ -87,7 +90,8 @@ class ExportOptions:
         """The manifest's ``graph`` of a model exported fused or not."""
         if not fused:
             return "portable"
-        return self.graph if self.graph in C.SHARED_KV_GRAPHS else "fused"
+        graph = self.auto_graph if self.graph == "auto" else self.graph
+        return graph if graph in C.SHARED_KV_GRAPHS else "fused"
 
     def isolate_for(self, source: str) -> bool:
         """Whether ``source``'s PyTorch side runs in a child process (hub ids: always, under ``None``)."""

@@ -10,9 +10,9 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..errors import INSTALL_TORCH, SpecrtError
+from ..errors import INSTALL_TORCH, ConfigError, SpecrtError
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
@@ -32,14 +32,18 @@ def missing_extra(what: str, error: ImportError) -> SpecrtError:
 
 def export_pipeline(model: str, draft: str | None, output: str | Path, options: ExportOptions,
                     quantize: QuantizeOptions | None = None, reporter: Reporter | None = None,
-                    progress: Callable[[str], None] | None = None) -> Manifest:
+                    progress: Callable[[str], None] | None = None,
+                    fallback: Sequence[int | None] = ()) -> Manifest:
     """Export ``model`` (+ ``draft``) to the bundle ``output``. With ``quantize``, the float bundle is
     written to a hidden folder beside ``output``, quantized into ``output`` and removed: only the
     quantized bundle appears, and a refused output is refused before minutes of export.
 
     ``model`` / ``draft`` may be llama.cpp GGUF files (or folders holding one): they are read through
     transformers into Hugging Face folders in that hidden folder, exported, and each role not given bits of
-    its own keeps the file's Q4_0 / Q4_1 / Q8_0 blocks as they are (:mod:`specrt.export.quant.gguf`)."""
+    its own keeps the file's Q4_0 / Q4_1 / Q8_0 blocks as they are (:mod:`specrt.export.quant.gguf`).
+
+    ``fallback``: the target's bits to try, in order, when the quality gate refuses ``quantize``'s (None: the
+    float bundle as exported), as ``specrt export`` chooses for a CPU (export.platform)."""
     from .exporter import export_bundle
     from .quant.gguf import find_gguf, has_blocks
     from .progress import SilentReporter
@@ -49,7 +53,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
     ggufs = {role: path for role, path in ggufs.items() if path is not None}
     if quantize is None and not ggufs:
         return export_bundle(model, draft, output, options, reporter)
-    from .quant.quantize import QuantizeOptions, quantize_bundle
+    from .quant.quantize import QuantizeOptions
     from .staging import check_output
 
     out = Path(output)
@@ -68,7 +72,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
                         QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, force=options.force, gguf=keep))
             shown = {"bundle": "the float bundle, quantized next", **names}  # not the hidden work folder's path
             export_bundle(sources["target"], sources["draft"], work / "bundle", options, reporter, shown=shown)
-            manifest = quantize_bundle(work / "bundle", out, quantize, progress=progress)
+            manifest = _quantize_or_fall_back(work / "bundle", out, quantize, fallback, progress)
         if ggufs:  # the bundle names the GGUF it came from, not the hidden folder it was read into
             models = {role: replace(e, source=str(ggufs[role].resolve())) if role in ggufs else e
                       for role, e in manifest.models.items()}
@@ -77,6 +81,45 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _quantize_or_fall_back(src: Path, out: Path, quantize: QuantizeOptions, fallback: Sequence[int | None],
+                           progress: Callable[[str], None] | None) -> Manifest:
+    """``src`` quantized into ``out`` at ``quantize``'s bits, or at the first of ``fallback`` the gate passes (None:
+    ``src`` as it is, also where a block size does not divide a model's widths)."""
+    from ..bundle.manifest import load_manifest
+    from ..errors import QualityGateError
+    from .quant.quantize import check_quantizable, quantize_bundle
+
+    say = progress or (lambda message: None)
+    tries = [quantize.bits, *fallback]
+    for i, bits in enumerate(tries):
+        if bits is not None and None in tries[i:]:
+            try:
+                check_quantizable(src, load_manifest(src), replace(quantize, bits=bits))
+            except ConfigError as e:
+                say(f"target: kept float: {e}")
+                return _copy_bundle(src, out, quantize.force)
+        if bits is None and i:  # (the first may be None: a GGUF's blocks kept, or a proposer's bits alone)
+            say("target: kept float: no quantization passed the gate")
+            return _copy_bundle(src, out, quantize.force)
+        try:
+            return quantize_bundle(src, out, replace(quantize, bits=bits), progress=progress)
+        except QualityGateError as e:
+            if i == len(fallback):
+                raise
+            say(f"{str(e).split(';')[0]}; trying {f'int{fallback[i]}' if fallback[i] else 'float'}")
+    raise AssertionError("unreachable")
+
+
+def _copy_bundle(src: Path, out: Path, force: bool) -> Manifest:
+    from ..bundle.manifest import load_manifest
+    from .staging import staged
+
+    with staged(out, force) as tmp:
+        for item in src.iterdir():
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+    return load_manifest(out)
 
 
 def _keeps_blocks(quantize: QuantizeOptions | None, role: str) -> bool:

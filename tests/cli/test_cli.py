@@ -46,7 +46,13 @@ def test_export_and_run(pairs, tmp_path):
     t, d = pairs["qwen2"]
     res = invoke("export", str(t), "--draft", str(d), "-o", str(tmp_path / "b"), "--exporter", "torchscript")
     assert res.exit_code == 0, res.output
-    assert "vs PyTorch fp32: max rel" in res.output and "tolerance rel 0.001" in res.output and "done" in res.output
+    assert "for cpu: this machine" in res.output and "int4 weights (HQQ) where they pass" in res.output
+    assert "done" in res.output
+    from specrt.bundle.manifest import load_manifest
+
+    m = load_manifest(tmp_path / "b")  # what the gate let through on these random weights, said in the manifest
+    bits = (m.target.quantization or {}).get("bits")
+    assert m.chosen["for"] == "cpu" and m.chosen["quantize"] == (f"int{bits}" if bits else "float")
     assert "measured here: auto (draft) ran " in res.output and "x greedy" in res.output and "at T 0.7" in res.output
     res = invoke("run", "def f():", "--bundle", str(tmp_path / "b"), "--max-new-tokens", "12", "--json")
     assert res.exit_code == 0, res.output

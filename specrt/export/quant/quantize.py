@@ -22,7 +22,7 @@ from typing import Callable
 from ...bundle import contract as C
 from ...bundle.files import graph_cost
 from ...bundle.manifest import Manifest, load_manifest
-from ...errors import INSTALL_TORCH, ConfigError, SpecrtError
+from ...errors import INSTALL_TORCH, ConfigError, QualityGateError, SpecrtError
 from .lookups import head_matmuls, quantize_lookups, tied_heads, untie_lm_head
 from .quality import distribution_parity, head_acceptance
 from ..staging import load_graph, save_graph, staged
@@ -175,7 +175,7 @@ def quantize_bundle(src: str | Path, out: str | Path, options: QuantizeOptions =
         raise SpecrtError("quantizing needs the onnx package: pip install onnx (torch is not needed)") from None
     src, out = Path(src), Path(out)
     manifest = load_manifest(src)
-    _check_quantizable(src, manifest, options)
+    check_quantizable(src, manifest, options)
     prompts = prompts if prompts is not None else builtin_prompts("all")
     say = progress or (lambda message: None)
     models = dict(manifest.models)
@@ -229,10 +229,10 @@ def _quantize_gated(src: Path, tmp: Path, manifest: Manifest, role: str, options
         say(f"{role}: checking int{bits}{' with int8 lookups' if cand.embeddings else ''} against the float graph")
         try:
             record["parity"] = _gate(src, tmp, manifest, role, cand, bits, prompts)
-        except ConfigError as e:
+        except QualityGateError as e:
             if i + 1 == len(tries):
-                raise ConfigError(str(e) + "".join(f" (also refused: {r})" for r in refused)) from None
-            refused.append(f"int8 lookups, mean KL {getattr(e, 'mean_kl', float('nan')):.3f}")
+                raise QualityGateError(str(e) + "".join(f" (also refused: {r})" for r in refused), e.mean_kl) from None
+            refused.append(f"int8 lookups, mean KL {e.mean_kl:.3f}")
             say(f"{role}: refused with int8 lookups; trying float lookups")
             continue
         if refused:
@@ -241,7 +241,7 @@ def _quantize_gated(src: Path, tmp: Path, manifest: Manifest, role: str, options
     raise AssertionError("candidates() is never empty")
 
 
-def _check_quantizable(src: Path, manifest: Manifest, options: QuantizeOptions) -> None:
+def check_quantizable(src: Path, manifest: Manifest, options: QuantizeOptions) -> None:
     for role, entry in manifest.models.items():
         if entry.quantization:
             raise ConfigError(f"{src} is already quantized ({role}: int{entry.quantization['bits']}); "
@@ -300,14 +300,12 @@ def _gate(src: Path, tmp: Path, manifest: Manifest, role: str, options: Quantize
                           f"{parity['mean_kl']:.3f}, top-1 agreement {parity['top1_agreement']:.3f}): a "
                           "conversion fault; export with --quantize int8 meanwhile")
     hqq = "--algorithm hqq, " if _has_torch() else f"--algorithm hqq ({INSTALL_TORCH}), "
-    refusal = ConfigError(f"{role} at int{bits} drifts too far from the float model: mean KL "
+    raise QualityGateError(f"{role} at int{bits} drifts too far from the float model: mean KL "
                           f"{parity['mean_kl']:.3f} (max {MAX_MEAN_KL[bits]}), top-1 agreement "
                           f"{parity['top1_agreement']:.3f} (min {MIN_TOP1[bits]}); try "
                           + (hqq if bits == 4 and options.algorithm == "rtn" else "")
                           + ("int8 or " if bits == 4 else "") + "a smaller block size"
-                          + (" or --float-embeddings" if options.embeddings else ""))
-    refusal.mean_kl = parity["mean_kl"]  # what _quantize_gated says of a setting it tried before the last
-    raise refusal
+                          + (" or --float-embeddings" if options.embeddings else ""), parity["mean_kl"])
 
 
 def _record_head_acceptance(src: Path, tmp: Path, manifest: Manifest, models: dict, prompts: list[str],

@@ -271,9 +271,10 @@ def test_a_gguf_with_a_head_is_requantized_unless_told_to_keep_its_blocks(tmp_pa
     head = save_eagle_head(tmp_path / "head", tmp_path / "hf", seed=3)
     res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "-o", str(tmp_path / "auto")])
     assert res.exit_code == 0, res.output
-    assert "re-quantizing to int4 with gqa graphs" in res.output
+    assert "int4 weights (HQQ) where they pass the quality gate, else int8: a drafter verifies" in res.output
     m = load_manifest(tmp_path / "auto")
     assert m.target.graph == "gqa" and m.target.quantization["bits"] == 4 and "gguf" not in m.target.quantization
+    assert m.chosen["for"] == "cpu" and m.chosen["quantize"] == "int4" and len(m.chosen["why"]) >= 3
     res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "--gguf-blocks", "keep",
                                     "-o", str(tmp_path / "keep")])
     assert res.exit_code == 0, res.output
@@ -281,4 +282,5 @@ def test_a_gguf_with_a_head_is_requantized_unless_told_to_keep_its_blocks(tmp_pa
     assert f"specrt export {gguf_file} --eagle {head} --gguf-blocks requantize" in line
     assert load_manifest(tmp_path / "keep").target.quantization["gguf"]
     res = CliRunner().invoke(main, ["export", str(gguf_file), "-o", str(tmp_path / "plain")])
-    assert res.exit_code == 0 and "verifying 4 rows" not in res.output and "re-quantizing" not in res.output
+    assert res.exit_code == 0 and "verifying 4 rows" not in res.output and "int4 weights" not in res.output
+    assert "the GGUF's Q4/Q8 blocks kept" in res.output

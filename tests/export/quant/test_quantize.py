@@ -12,7 +12,7 @@ from support.exactness import PROMPTS, exact_sequence_distribution
 import specrt
 from specrt.bundle.manifest import load_manifest
 from specrt.cli import main
-from specrt.errors import ConfigError
+from specrt.errors import ConfigError, QualityGateError
 from specrt.export.quant.quantize import QuantizeOptions, quantize_bundle
 from specrt.runtime.sampling import SamplingConfig
 
@@ -341,9 +341,7 @@ def test_the_defaults_are_the_best_setting_that_passes_the_gate(close_bundle, tm
 
     def refuse_int8_lookups(src, tmp, manifest, role, options, bits, prompts):
         if options.embeddings:
-            error = ConfigError(f"{role} at int{bits} drifts too far (a stand-in refusal)")
-            error.mean_kl = 0.5
-            raise error
+            raise QualityGateError(f"{role} at int{bits} drifts too far (a stand-in refusal)", 0.5)
         return gate(src, tmp, manifest, role, options, bits, prompts)
 
     monkeypatch.setattr(Q, "_gate", refuse_int8_lookups)
