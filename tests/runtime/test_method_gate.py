@@ -77,14 +77,16 @@ def test_greedy_auto_equals_plain_decoding_whatever_the_gate_decides(eagle_gen, 
         assert auto.stats.draft_passes > 0 and auto.stats.switch
 
 
-def test_a_draft_model_and_medusa_catch_up_after_plain_steps(close_bundle, medusa_bundle, monkeypatch):
+@pytest.mark.parametrize("method", ["draft", "medusa", "ngram"])
+def test_a_draft_model_medusa_and_lookup_catch_up_after_plain_steps(close_bundle, medusa_bundle, monkeypatch, method):
     _coin(monkeypatch, share=0.4)
-    for bundle in (close_bundle, medusa_bundle):
-        gen = specrt.load(bundle, threads=1)
-        for prompt in PROMPTS[:3]:
-            auto = gen.generate(prompt, max_new_tokens=24, method="auto")
-            assert auto.token_ids == gen.generate(prompt, max_new_tokens=24, method="none").token_ids
-            assert auto.stats.paused_steps > 0 and auto.stats.draft_passes > 0
+    gen = specrt.load(medusa_bundle if method == "medusa" else close_bundle, threads=1)
+    monkeypatch.setattr(type(gen), "default_method", method)
+    for prompt in PROMPTS[:3]:
+        auto = gen.generate(prompt, max_new_tokens=24, method="auto")
+        assert auto.stats.method == method
+        assert auto.token_ids == gen.generate(prompt, max_new_tokens=24, method="none").token_ids
+        assert auto.stats.paused_steps > 0 and (auto.stats.drafted > 0 or method == "ngram")
 
 
 def test_sampled_auto_stays_the_target_s_whatever_the_gate_decides(eagle_gen, monkeypatch):
