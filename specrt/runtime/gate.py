@@ -51,9 +51,9 @@ class MethodGate:
     First :attr:`WARM_METHOD` steps of the method and :attr:`WARM_PLAIN` plain ones, then the method while its
     rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The other kind runs once after a run of
     the faster: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only drifts, with the context's
-    length), the method after :attr:`METHOD_PROBE` plain steps (a probe, two steps of the method as
-    :class:`GatedStepper` times them, costs about 2 (c + v(rows)) plain steps: one that loses 15 % costs
-    about 1.5 % over the run).
+    length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after each probe that finds it still
+    slower, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of the method as :class:`GatedStepper` times them,
+    costs about 2 (c + v(rows)) plain steps: a method that loses 15 % costs under 1 % over a long run).
 
     The memory is long on purpose: the tokens a method's step keeps vary from 1 to its depth, so ten steps
     tell its rate within about 15 %, too coarse for a drafter that gains 5-10 % (SmolLM2's int4 head on a
@@ -67,10 +67,12 @@ class MethodGate:
     KEEP = 0.97  # the method's rate over plain decoding's below which plain steps run: measured noise aside
     PLAIN_PROBE = 64
     METHOD_PROBE = 24
+    METHOD_PROBE_MAX = 96  # each probe that finds the method still slower doubles the wait, up to this
 
     def __init__(self) -> None:
         self.method, self.plain = Rate(), Rate()
         self._run = 0  # steps of the faster kind since the other last ran
+        self._wait = self.METHOD_PROBE  # plain steps before the next probe of a losing method
 
     @property
     def warm(self) -> bool:
@@ -88,12 +90,16 @@ class MethodGate:
             return False
         if self.method_faster:
             return self._run < self.PLAIN_PROBE
-        return self._run >= self.METHOD_PROBE
+        return self._run >= self._wait
 
     def record(self, method: bool, tokens: int, seconds: float) -> None:
         counting = self.warm and method == self.method_faster  # not a warm-up step, nor a probe
         (self.method if method else self.plain).add(tokens, seconds, self.WEIGHT)
         self._run = self._run + 1 if counting else 0
+        if self.method_faster:
+            self._wait = self.METHOD_PROBE
+        elif method and not counting and self.warm:  # a probe that found the method still slower
+            self._wait = min(2 * self._wait, self.METHOD_PROBE_MAX)
 
     def describe(self, name: str) -> str:
         """One line: the rates, and what runs."""
@@ -104,7 +110,7 @@ class MethodGate:
             return (f"{name} {ratio:.2f}x plain decoding per step as measured here: {name} runs, "
                     f"a plain step every {self.PLAIN_PROBE + 1} re-measures it")
         return (f"{name} measured {ratio:.2f}x plain decoding per step here (drafts too rarely kept at these "
-                f"settings): plain steps run, {name} is tried again after every {self.METHOD_PROBE}")
+                f"settings): plain steps run, {name} is tried again after {self._wait} of them")
 
 
 class GatedStepper:

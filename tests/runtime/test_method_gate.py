@@ -30,11 +30,15 @@ def test_the_gate_learns_both_then_runs_the_faster_and_probes_the_other():
     ran = _drive(gate, 2 * (g.PLAIN_PROBE + 1), (3, 0.012), (1, 0.008))
     assert ran.count(False) == 2  # one plain step after every PLAIN_PROBE of the method's
     assert ran[g.PLAIN_PROBE] is False and ran[-1] is False
-    ran = _drive(gate, 200, (1, 0.012), (1, 0.008))  # drafts stop being kept: the method now loses
-    assert ran[-6 * (g.METHOD_PROBE + 1):].count(True) == 6  # plain steps, a method probe after every 24
-    assert "plain steps run" in gate.describe("eagle-tree")
-    ran = _drive(gate, 150, (4, 0.012), (1, 0.008))  # and wins again: probes see it, the method comes back
+    ran = _drive(gate, 400, (1, 0.012), (1, 0.008))  # drafts stop being kept: the method now loses
+    probes = [i for i in range(1, len(ran)) if ran[i] and not ran[i - 1]]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == g.METHOD_PROBE_MAX + 1  # each losing probe waits longer
+    assert gate._wait == g.METHOD_PROBE_MAX
+    assert "plain steps run" in gate.describe("eagle-tree") and "after 96 of them" in gate.describe("eagle-tree")
+    ran = _drive(gate, 500, (4, 0.012), (1, 0.008))  # and wins again: probes see it, the method comes back
     assert all(ran[-30:]) and "eagle-tree runs" in gate.describe("eagle-tree")
+    assert gate._wait == g.METHOD_PROBE  # and a later loss is probed soon again
 
 
 def test_a_method_within_noise_of_plain_decoding_keeps_running():
