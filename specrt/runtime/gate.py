@@ -126,7 +126,7 @@ class GatedStepper:
         self.inner, self.gate = inner, gate
         # The method's first step of a generation, or after plain steps, is not timed: it also feeds its drafter
         # what it missed (an EAGLE-3 head's catch-up over 17 rows cost SmolLM2's 4 ms on top of a 21 ms step), a
-        # cost of switching, not of running it. So a probe of the method is two steps, the second one timed.
+        # cost of switching, not of running it. So a probe of such a method is two steps, the second one timed.
         self._catching_up = True
         self._pending: tuple[bool, int, float] | None = None  # the last step: method?, tokens, when it began
 
@@ -143,5 +143,6 @@ class GatedStepper:
             s.hidden = s.target.hidden[-1]  # Medusa reads the last accepted token's hidden state
             record = replace(record, paused=True)
         self._pending = None if method and self._catching_up else (method, len(tokens), t0)
-        self._catching_up = not method
+        # a lookup (proposes_for_free) has nothing to catch up: its probes are one step, every one timed
+        self._catching_up = not method and not s.drafter.proposes_for_free
         return tokens, record

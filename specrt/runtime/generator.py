@@ -23,7 +23,7 @@ from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, m
                     remembered_verify_costs)
 from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
 from .gate import GatedStepper, MethodGate
-from .loop import ChainStepper, DecodeState, PlainStepper, TreeStepper, decode
+from .loop import ChainStepper, DecodeState, DraftGate, PlainStepper, TreeStepper, decode
 from .masks import TREES_NEED
 from .options import AUTO, DecodeOptions
 from .stats import GenerationStats, StatsRecorder
@@ -168,7 +168,7 @@ class SpeculativeGenerator:
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self._verify_costs: tuple[float, ...] | None = None
         self._verify_rows = 0  # the most rows verify_costs was asked for
-        self._gates: dict[tuple, MethodGate] = {}  # auto's switch per method and settings (_method_gate)
+        self._gates: dict[tuple, Any] = {}  # MethodGate / DraftGate per method and settings (_keep)
         # Off by default, so every generation costs what the last did (benchmarks). On, a generation whose
         # prompt starts as the last one's context did (the turns of a conversation, one prompt sampled again)
         # feeds only the rest: each cache keeps what it holds of that context.
@@ -350,9 +350,11 @@ class SpeculativeGenerator:
                 drafter: Drafter) -> Generator[str, None, GenerationResult]:
         auto = opts.gamma == "auto" and method != "none" and not drafter.proposes_trees
         gate = drafter.proposes_for_free and method != "none"  # a lookup verified only where it pays
+        costs = self.verify_costs() if auto or gate else None
         stepper = (PlainStepper() if method == "none"
                    else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma, self.verify_costs() if auto or gate else None, gate=gate))
+                   else ChainStepper(opts.gamma, costs,
+                                     gate=self._keep(DraftGate, opts, method, costs) if gate else None))
         switch = self._method_gate(opts, method, drafter)
         if switch is not None:
             stepper = GatedStepper(stepper, switch)
@@ -397,8 +399,17 @@ class SpeculativeGenerator:
         at T 0.7 left it at 0.92x plain decoding."""
         if opts.method != AUTO or method == "none" or opts.acceptance == "typical":
             return None
-        key = (method, opts.sampling, opts.gamma, opts.eagle_tree, opts.tree, opts.draft_stop, opts.row_stable)
-        return self._gates.setdefault(key, MethodGate())
+        return self._keep(MethodGate, opts, method)
+
+    def _keep(self, kind: type, opts: DecodeOptions, method: str, *args: Any) -> Any:
+        """The generator's one ``kind`` (a gate) for this method and these settings, made on first use: what a
+        gate learns outlives a generation (a lookup's gate made afresh verified each reply's first proposals
+        blind, which on SmolLM2's Q4_1 blocks at T 0.7 cost 3 % of plain decoding's speed)."""
+        key = (kind, method, opts.sampling, opts.gamma, opts.eagle_tree, opts.tree, opts.draft_stop, opts.row_stable,
+               *args)
+        if key not in self._gates:
+            self._gates[key] = kind(*args)
+        return self._gates[key]
 
     def _rewind(self, tokens: list[int], drafter: Drafter) -> int:
         """Cut every cache to what this generation can keep of it (nothing unless ``reuse_prefix``); returns

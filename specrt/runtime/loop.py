@@ -223,12 +223,14 @@ class DraftGate:
 
 class ChainStepper:
     """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`, weighing γ with
-    ``verify_costs``); ``gate``: each proposal first passes a :class:`DraftGate` on the same curve."""
+    ``verify_costs``); ``gate``: each proposal first passes this :class:`DraftGate` (the caller's, so what it
+    learnt outlives one generation)."""
 
-    def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None, gate: bool = False) -> None:
+    def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None,
+                 gate: DraftGate | None = None) -> None:
         self.auto = AutoGamma(verify_costs=verify_costs) if gamma == "auto" else None
         self.gamma = 0 if gamma == "auto" else int(gamma)
-        self.gate = DraftGate(verify_costs) if gate else None
+        self.gate = gate
 
     def __call__(self, s: DecodeState, budget: int) -> tuple[list[int], StepRecord]:
         gamma = min(self.auto.gamma if self.auto else self.gamma, budget)
