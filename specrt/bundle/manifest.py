@@ -204,7 +204,7 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     medusa: MedusaEntry | None = None
     engines: dict[str, Any] = field(default_factory=dict)  # role -> TensorRT engine file, cache key, options
-    # What `specrt export` chose where the user left a setting unset (export.platform): the platform the bundle
+    # What `specrt export` chose where the user left a setting unset (export.pipeline.choose): the platform the bundle
     # was made for ("for"), its dtype, the target's quantization, and a line of why per choice
     chosen: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION

@@ -108,8 +108,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
         from transformers.utils import logging as hf_logging
 
         from ..export.exporter import ExportOptions
-    from ..export.pipeline import describe, export_pipeline, gguf_verify_note, next_steps, requantize_gguf
-    from ..export.platform import choose
+    from ..export.pipeline import choose, describe, export_pipeline, gguf_verify_note, next_steps, requantize_gguf
     from ..export.progress import RichReporter
     from ..export.quant.gguf import find_gguf
     from ..export.quant.quantize import QuantizeOptions

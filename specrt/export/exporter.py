@@ -54,7 +54,7 @@ class ExportOptions:
     # "auto": ``auto_graph`` where the architecture has a fused graph (see fused_ops), else portable.
     graph: str = "auto"
     # What "auto" gives a fused architecture: "fused", or the gqa / gqa-static rewrite of it that the platform the
-    # bundle is made for runs best (export.platform: a CPU's quantized bundle gqa, ONNX Runtime CUDA gqa-static).
+    # bundle is made for runs best (export.pipeline.choose: a CPU's quantized bundle gqa, ONNX Runtime CUDA gqa-static).
     auto_graph: str = "fused"
     # Run each model's PyTorch side (load, reference logits, graph) in a child process whose memory goes
     # back to the OS before ONNX Runtime checks the graph. None: only for checkpoints of ISOLATE_BYTES or

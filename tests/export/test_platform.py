@@ -1,4 +1,4 @@
-"""`specrt export --for`: what export chooses where a setting is left unset (export.platform), and the quality
+"""`specrt export --for`: what export chooses where a setting is left unset (export.pipeline.choose), and the quality
 gate's fallback from int4 to int8 to float that a CPU's choice relies on."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specrt.errors import ConfigError
-from specrt.export.platform import choose
+from specrt.export.pipeline import choose
 
 CPU = dict(dtype=None, graph="auto", bits=None, decided=False, gguf=False, requantize_gguf=False)
 
