@@ -70,3 +70,7 @@ class QualityGateError(ConfigError):
 
 class EagleHeadError(ConfigError):
     """An EAGLE-3 head folder is missing, of another layout (EAGLE-1/2), or made for another target."""
+
+
+class DFlashDraftError(ConfigError):
+    """A DFlash draft folder is missing, of another layout, or made for another target."""

@@ -191,8 +191,8 @@ def test_no_import_circles():
 
 def test_export_rooms_form_no_circle_and_its_top_level_stays_small():
     assert _circles(_export_rooms(_graph())) == []
-    top = sorted(p.name for p in (PACKAGE / "export").iterdir() if not p.name.startswith((".", "__pycache__")))
-    assert len(top) <= 16, top
+    top = sorted(p.name for p in (PACKAGE / "export").iterdir() if not p.name.startswith((".", "__")))
+    assert len(top) <= 16, top  # the rooms and modules of ../shared/notes/layout.md's shape, dflash/ included
 
 
 def test_the_circle_finder_sees_a_lazy_circle(tmp_path):
