@@ -148,6 +148,8 @@ table("smollm2-eagle3-r2-t07-cpu", "eagle/smollm2-eagle3-r2-t07-cpu.json")(bench
 table("smollm2-gguf-q41-eagle3-cpu", "side-by-side/smollm2-gguf-q41-eagle3-cpu.json")(bench_table)
 table("smollm2-compare-cpu", "side-by-side/smollm2-compare-cpu.json")(one_run)
 table("smollm2-gguf-head-t07-cpu", "side-by-side/smollm2-gguf-head-t07-cpu.json")(bench_table)
+table("smollm2-gguf-nohead-auto-t07-cpu", "side-by-side/smollm2-gguf-nohead-auto-t07-cpu.json")(bench_table)
+table("smollm2-gguf-nohead-auto-t1-cpu", "side-by-side/smollm2-gguf-nohead-auto-t1-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-cpu", "eagle/smollm2-eagle3-r3-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-int8-cpu", "eagle/smollm2-eagle3-r3-int8-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-gqa-cpu", "eagle/smollm2-eagle3-r3-gqa-cpu.json")(bench_table)
