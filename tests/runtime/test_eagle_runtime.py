@@ -83,14 +83,18 @@ def test_each_head_row_pairs_the_taps_of_its_position_with_the_next_token():
     assert proposal.passes == 3 and all(t in VOCAB_MAP for t in proposal.tokens)
 
 
-@pytest.mark.parametrize("accepted", [0, 2, 3])
-def test_rows_fed_the_heads_own_features_are_recomputed_after_verification(accepted):
+def _first_proposal(gamma: int):
+    """A prompt [5, 6, 7, 8] prefilled, the target's first token 9, and the head's first proposal of ``gamma``."""
     target, head, drafter = _pair()
     greedy, rng = SamplingConfig(), np.random.default_rng(0)
-    prompt = [5, 6, 7, 8]
-    target.feed(prompt, greedy, last=1)
-    tokens = prompt + [9]
-    proposal = drafter.propose(tokens, 3, greedy, rng)
+    target.feed([5, 6, 7, 8], greedy, last=1)
+    tokens = [5, 6, 7, 8, 9]
+    return target, head, drafter, tokens, drafter.propose(tokens, gamma, greedy, rng), greedy, rng
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 3])
+def test_rows_fed_the_heads_own_features_are_recomputed_after_verification(accepted):
+    target, head, drafter, tokens, proposal, greedy, rng = _first_proposal(3)
     # Verify: the target runs [9, d1, d2, d3] at positions 4..7, keeps `accepted` drafts and a next token
     target.feed([9] + proposal.tokens, greedy, last=4)
     target.cache.truncate(len(tokens) + accepted)
@@ -109,12 +113,7 @@ def test_rows_fed_the_heads_own_features_are_recomputed_after_verification(accep
 def test_a_head_that_sat_out_plain_steps_catches_up_over_their_rows():
     """auto's switch (runtime.gate) may run plain steps between proposals: the target keeps each pass's taps
     until the head has read them, and the next catch-up covers every row the head missed."""
-    target, head, drafter = _pair()
-    greedy, rng = SamplingConfig(), np.random.default_rng(0)
-    prompt = [5, 6, 7, 8]
-    target.feed(prompt, greedy, last=1)
-    tokens = prompt + [9]
-    proposal = drafter.propose(tokens, 1, greedy, rng)
+    target, head, drafter, tokens, proposal, greedy, rng = _first_proposal(1)
     target.feed([9] + proposal.tokens, greedy, last=2)  # verify: positions 4, 5; the draft is rejected
     target.cache.truncate(len(tokens))
     drafter.rollback(len(tokens))
