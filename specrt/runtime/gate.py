@@ -52,7 +52,7 @@ class MethodGate:
     rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The other kind runs once after a run of
     the faster: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only drifts, with the context's
     length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after each probe that finds it still
-    slower, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of the method as :class:`GatedStepper` times them,
+    slower once its rate rests on 1/:attr:`WEIGHT` steps, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of the method as :class:`GatedStepper` times them,
     costs about 2 (c + v(rows)) plain steps: a method that loses 15 % costs under 1 % over a long run).
 
     The memory is long on purpose: the tokens a method's step keeps vary from 1 to its depth, so ten steps
@@ -62,7 +62,10 @@ class MethodGate:
     settings, which have gates of their own."""
 
     WEIGHT = 0.05  # of a step, in each moving average: about the last forty steps of a kind count
-    WARM_METHOD = 8
+    # Steps of the method before its rate is compared: judged on 8, SmolLM2's int4 tree (1.06-1.10x plain decoding
+    # greedy) was turned off early often enough that auto ran 0.93x the tree alone; a losing method's 16 cost
+    # about 2 plain steps' time once per generator.
+    WARM_METHOD = 16
     WARM_PLAIN = 4  # a plain step keeps one token: its rate is steady
     KEEP = 0.97  # the method's rate over plain decoding's below which plain steps run: measured noise aside
     PLAIN_PROBE = 64
@@ -98,7 +101,8 @@ class MethodGate:
         self._run = self._run + 1 if counting else 0
         if self.method_faster:
             self._wait = self.METHOD_PROBE
-        elif method and not counting and self.warm:  # a probe that found the method still slower
+        elif method and not counting and self.warm and self.method.samples * self.WEIGHT >= 1:
+            # a probe that found the method still slower, on a rate of enough steps to trust: wait longer
             self._wait = min(2 * self._wait, self.METHOD_PROBE_MAX)
 
     def describe(self, name: str) -> str:
