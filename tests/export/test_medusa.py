@@ -93,7 +93,8 @@ def test_fp16_heads_on_an_fp32_bundle(medusa_bundle, pairs, tmp_path):
     target, draft = pairs["llama"]
     res = CliRunner().invoke(main, ["export", str(target), "--draft", str(draft), "-o", str(tmp_path / "b"),
                                     "--exporter", "torchscript", "--medusa", str(medusa_bundle.parent / "heads"),
-                                    "--medusa-nodes", "12", "--medusa-dtype", "fp16"])
+                                    "--medusa-nodes", "12", "--medusa-dtype", "fp16", "--quantize", "none",
+                                    "--no-measure"])
     assert res.exit_code == 0, res.output
     heads = onnx.load(str(tmp_path / "b" / "medusa.onnx"))
     assert heads.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

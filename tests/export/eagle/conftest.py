@@ -40,7 +40,7 @@ def portable_bundle(sources, tmp_path_factory):
     out = tmp_path_factory.mktemp("eagle-portable") / "bundle"
     res = CliRunner().invoke(main, ["export", str(sources["target"]), "--draft", str(sources["draft"]), "--eagle",
                                     str(sources["ascending"]), "--graph", "portable", "--exporter", "torchscript",
-                                    "-o", str(out)])
+                                    "--quantize", "none", "--no-measure", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "EAGLE-3 head (portable graph) reading target layers 1, 3, 4" in res.output
     assert "eagle_taps from layers 1, 3, 4" in res.output

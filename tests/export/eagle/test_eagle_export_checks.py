@@ -223,7 +223,8 @@ def test_quantized_export_with_a_head_leaves_only_the_bundle(sources, tmp_path, 
     follows the target's bits, or is quantized alone on a float target."""
     out = tmp_path / "int8"
     res = CliRunner().invoke(main, ["export", str(sources["target"]), "--eagle", str(sources["shuffled"]),
-                                    "--exporter", "torchscript", *flags, "--block-size", "16", "-o", str(out)])
+                                    "--exporter", "torchscript", *flags, "--block-size", "16", "--no-measure",
+                                    "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "eagle: int8 (blocks of 16" in res.output
     assert [p.name for p in tmp_path.iterdir()] == ["int8"]

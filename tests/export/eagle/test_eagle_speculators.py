@@ -325,7 +325,7 @@ def test_a_hub_id_is_fetched_once_at_export(speculators_bundle, tmp_path, monkey
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     res = CliRunner().invoke(main, ["export", str(target), "--eagle", "RedHatAI/tiny-speculator.eagle3",
-                                    "-o", str(tmp_path / "b")])
+                                    "--quantize", "none", "--no-measure", "-o", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
     assert calls == [("RedHatAI/tiny-speculator.eagle3",
                       ("config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"), {})]

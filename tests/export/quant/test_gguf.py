@@ -213,13 +213,13 @@ def test_the_cli_exports_a_gguf(tiny_gguf, tmp_path):
 
     from specrt.cli import main
 
-    result = CliRunner().invoke(main, ["export", str(tiny_gguf), "-o", str(tmp_path / "b")])
+    result = CliRunner().invoke(main, ["export", str(tiny_gguf), "--no-measure", "-o", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "Q4_1+Q8_0 blocks of tiny.gguf kept" in result.output and "done:" in result.output
     assert "Writing the float bundle, quantized next" in result.output and "Loading target tiny.gguf" in result.output
     assert ".b.float-" not in result.output  # the hidden work folder is the pipeline's business
     result = CliRunner().invoke(main, ["export", str(tiny_gguf), "--draft", str(tiny_gguf), "--draft-quantize", "none",
-                                       "--gguf-blocks", "keep", "-o", str(tmp_path / "c")])
+                                       "--gguf-blocks", "keep", "--no-measure", "-o", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     assert "draft: float32 (not quantized)" in result.output and "target: Q4_1+Q8_0" in result.output
 
@@ -269,18 +269,19 @@ def test_a_gguf_with_a_head_is_requantized_unless_told_to_keep_its_blocks(tmp_pa
 
     gguf_file = _tiny_gguf(tmp_path, layers=4)
     head = save_eagle_head(tmp_path / "head", tmp_path / "hf", seed=3)
-    res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "-o", str(tmp_path / "auto")])
+    res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "--no-measure",
+                                    "-o", str(tmp_path / "auto")])
     assert res.exit_code == 0, res.output
     assert "int4 weights (HQQ) where they pass the quality gate, else int8: a drafter verifies" in res.output
     m = load_manifest(tmp_path / "auto")
     assert m.target.graph == "gqa" and m.target.quantization["bits"] == 4 and "gguf" not in m.target.quantization
     assert m.chosen["for"] == "cpu" and m.chosen["quantize"] == "int4" and len(m.chosen["why"]) >= 3
     res = CliRunner().invoke(main, ["export", str(gguf_file), "--eagle", str(head), "--gguf-blocks", "keep",
-                                    "-o", str(tmp_path / "keep")])
+                                    "--no-measure", "-o", str(tmp_path / "keep")])
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("verifying 4 rows of Q4_1+Q8_0 blocks costs"))
     assert f"specrt export {gguf_file} --eagle {head} --gguf-blocks requantize" in line
     assert load_manifest(tmp_path / "keep").target.quantization["gguf"]
-    res = CliRunner().invoke(main, ["export", str(gguf_file), "-o", str(tmp_path / "plain")])
+    res = CliRunner().invoke(main, ["export", str(gguf_file), "--no-measure", "-o", str(tmp_path / "plain")])
     assert res.exit_code == 0 and "verifying 4 rows" not in res.output and "int4 weights" not in res.output
     assert "the GGUF's Q4/Q8 blocks kept" in res.output

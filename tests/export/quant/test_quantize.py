@@ -128,7 +128,7 @@ def test_export_quantize_writes_only_the_quantized_bundle(pairs, tmp_path):
     target, draft = pairs["llama"]
     out = tmp_path / "q"
     res = CliRunner().invoke(main, ["export", str(target), "--draft", str(draft), "-o", str(out), "--quantize", "int8",
-                                    "--draft-quantize", "int4", "--exporter", "torchscript"])
+                                    "--draft-quantize", "int4", "--exporter", "torchscript", "--no-measure"])
     assert res.exit_code == 0, res.output
     m = load_manifest(out)
     assert m.target.quantization["bits"] == 8 and m.draft.quantization["bits"] == 4
@@ -198,7 +198,7 @@ def test_export_draft_self_is_a_quantized_copy_of_a_float_target(pairs, tmp_path
     target, _ = pairs["llama"]
     out = tmp_path / "self"
     res = CliRunner().invoke(main, ["export", str(target), "--draft", "self", "--draft-quantize", "int8",
-                                    "-o", str(out), "--exporter", "torchscript"])
+                                    "-o", str(out), "--exporter", "torchscript", "--no-measure"])
     assert res.exit_code == 0, res.output
     m = load_manifest(out)
     assert m.target.quantization is None and m.draft.quantization["bits"] == 8
