@@ -34,6 +34,7 @@ KEY = "cluster-key-1"
 MODEL = "demo-chat"  # the copied bundle's folder name
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
+NAMED = "draft"  # the demo pair's auto: the same method, named
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=11)
 
 
@@ -74,7 +75,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def server(cluster, chat_demo, tmp_path_factory):
     s = Server(tmp_path_factory.mktemp("cluster"), "--ray-address", cluster, "--replicas", "2", "--bundle",
-               str(chat_demo), "--api-key", KEY, start_timeout=240)
+               str(chat_demo), "--api-key", KEY, "--method", NAMED, start_timeout=240)  # named: test_serve's why
     yield s
     rc = s.stop()
     assert rc == 0, s.log.read_text()
@@ -165,7 +166,7 @@ def test_a_generation_that_accepts_nothing_records_into_rays_export(gen):
 def test_completions_and_chat_equal_generate(server, gen):
     client = server.client(api_key=KEY)
     prompt = "def read_lines(path):"
-    expected = gen.generate(prompt, max_new_tokens=24, **SAMPLED)
+    expected = gen.generate(prompt, max_new_tokens=24, method=NAMED, **SAMPLED)
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, **SAMPLED)
     assert out.choices[0].text == expected.text and out.usage.completion_tokens == 24
     assert out.specrt["accepted"] == expected.stats.accepted and out.specrt["replica"] in _replicas()
@@ -175,7 +176,7 @@ def test_completions_and_chat_equal_generate(server, gen):
     assert "".join(c.choices[0].text for c in chunks) == gen.generate("class Stack:", max_new_tokens=32).text
     assert chunks[-1].specrt["replica"] in _replicas()
 
-    chat = gen.chat(MESSAGES, max_new_tokens=12, **SAMPLED)
+    chat = gen.chat(MESSAGES, max_new_tokens=12, method=NAMED, **SAMPLED)
     out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, **SAMPLED)
     assert out.choices[0].message.content == chat.text and out.usage.completion_tokens == len(chat.token_ids)
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, stream=True,
