@@ -34,7 +34,7 @@ KEY = "cluster-key-1"
 MODEL = "demo-chat"  # the copied bundle's folder name
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
-NAMED = "draft"  # the demo pair's auto: the same method, named
+NAMED = soak.METHOD  # the demo pair's auto, named: test_serve.py says why
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=11)
 
 

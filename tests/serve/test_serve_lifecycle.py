@@ -87,7 +87,7 @@ def test_soak_320_mixed_requests_lose_nothing_and_leak_nothing(tmp_path):
     error it provoked; the clients that leave have their generations cancelled; the process's RSS stays put."""
     bundle = soak.chat_demo(tmp_path / "demo-chat")
     reference = soak.Reference(specrt.load(bundle, threads=1))
-    s = Server(tmp_path, "--bundle", str(bundle), "--api-key", KEY)
+    s = Server(tmp_path, "--bundle", str(bundle), "--api-key", KEY, "--method", soak.METHOD)
     try:
         soak.check(soak.run_soak(s, reference, "demo-chat", KEY, soak.plan(32, seed=1)))  # warm-up: every path
         rss, before = soak.rss_bytes(s.proc.pid), s.metrics()
