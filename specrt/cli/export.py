@@ -117,8 +117,9 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
     gguf = find_gguf(model)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
     bits = {"int4": 4, "int8": 8}.get(quantize or "")
+    requantize = bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft)))
     choice = choose(platform, dtype=dtype, graph=graph, bits=bits, decided=quantize is not None or proposer_only,
-                    gguf=gguf is not None, requantize_gguf=bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft))))
+                    gguf=gguf is not None, requantize_gguf=requantize)
     for line in choice.why:
         click.echo(line)
     dtypes = {"fp32": "float32", "fp16": "float16"}

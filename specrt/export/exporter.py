@@ -76,7 +76,8 @@ class ExportOptions:
         if self.medusa_dtype is not None and self.medusa_dtype not in DTYPES:
             raise ConfigError(f"medusa dtype must be one of {', '.join(DTYPES)}, got {self.medusa_dtype!r}")
         if self.graph not in GRAPHS or self.auto_graph not in ("fused", *C.SHARED_KV_GRAPHS):
-            raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r} (auto: {self.auto_graph!r})")
+            raise ConfigError(f"graph must be one of {', '.join(GRAPHS)}, got {self.graph!r} "
+                              f"(auto: {self.auto_graph!r})")
         if self.graph in ("fused", *C.SHARED_KV_GRAPHS) and self.exporter != "dynamo":
             raise ConfigError(f"--graph {self.graph} needs the dynamo exporter")
 

@@ -106,11 +106,9 @@ def choose(platform: str, *, dtype: str | None, graph: str, bits: int | None, de
     if dtype is None:
         why.append("fp32: ONNX Runtime's CPU kernels have no fast fp16 path")
     fallback: tuple[int | None, ...] = ()
-    if decided:
-        pass
-    elif gguf and not requantize_gguf:
+    if not decided and gguf and not requantize_gguf:
         why.append("the GGUF's Q4/Q8 blocks kept: the fastest plain decoding (--gguf-blocks)")
-    else:
+    elif not decided:
         bits, fallback = 4, ((8,) if gguf else (8, None))
         why.append("int4 weights (HQQ) where they pass the quality gate, else int8" + ("" if gguf else ", else float")
                    + (": a drafter verifies several rows a step, which Q4 blocks make dear on a CPU" if gguf else

@@ -97,14 +97,18 @@ class CachedModel:
         if not self._taps or start < self.taps_start or stop > self.taps_stop:
             raise RuntimeError(f"taps of positions [{start}, {stop}) are not among those held, "
                                f"[{self.taps_start}, {self.taps_stop if self._taps else self.taps_start})")
+        return self._held()[start - self.taps_start:stop - self.taps_start]
+
+    def _held(self) -> np.ndarray:
+        """The held taps as one array [rows, tap_width], the passes' chunks joined once."""
         if len(self._taps) > 1:
             self._taps = [np.concatenate(self._taps)]
-        return self._taps[0][start - self.taps_start:stop - self.taps_start]
+        return self._taps[0]
 
     def release_taps(self, before: int) -> None:
         """Forget the taps of positions below ``before``: the head's rows there are final."""
         if self._taps and before > self.taps_start:
-            held = np.concatenate(self._taps) if len(self._taps) > 1 else self._taps[0]
+            held = self._held()
             cut = min(before - self.taps_start, len(held))
             self._taps, self.taps_start = [held[cut:]], self.taps_start + cut
 
@@ -112,7 +116,7 @@ class CachedModel:
         """Keep the entries at ``start + keep[j]`` as ``start + j`` (a tree's accepted path), taps included."""
         self.cache.compact(start, keep)
         if self._taps and start >= self.taps_start:
-            held = np.concatenate(self._taps) if len(self._taps) > 1 else self._taps[0]
+            held = self._held()
             src = start - self.taps_start + np.asarray(keep, np.int64)
             self._taps = [np.concatenate([held[:start - self.taps_start], held[src]])]
 

@@ -4,9 +4,9 @@ A drafter (an EAGLE-3 tree or chain, a draft model, Medusa) makes every step dea
 only as far as its drafts are kept. Where few are kept (sampling at T 0.7-1 on open chat) or where verifying
 several rows costs several rows' time (quantized blocks on a CPU), it loses to plain decoding. A
 :class:`MethodGate` measures both as decoding goes, in tokens per second of each step's wall time, runs the
-faster one and now and then tries the other, so it notices when that changes (a
-reply that turns to code, say). Prompt lookup has its own gate (``loop.DraftGate``): its proposals cost
-nothing, so it can judge each one before verifying it.
+faster one and now and then tries the other, so it notices when that changes (a reply that turns to code, say).
+Prompt lookup runs behind it too, on top of its own gate (``loop.DraftGate``), which judges each proposal before
+verifying it but does not count the host work of looking up and accepting.
 
 Exact at any temperature: which exact method runs a step depends only on what was measured before it,
 never on the step's own draws, so every token is still distributed as the target's (greedy output equals
@@ -52,8 +52,9 @@ class MethodGate:
     rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The other kind runs once after a run of
     the faster: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only drifts, with the context's
     length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after each probe that finds it still
-    slower once its rate rests on 1/:attr:`WEIGHT` steps, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of the method as :class:`GatedStepper` times them,
-    costs about 2 (c + v(rows)) plain steps: a method that loses 15 % costs under 1 % over a long run).
+    slower once its rate rests on 1/:attr:`WEIGHT` steps, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of
+    the method as :class:`GatedStepper` times them, costs about 2 (c + v(rows)) plain steps: a method that loses
+    15 % costs under 1 % over a long run).
 
     The memory is long on purpose: the tokens a method's step keeps vary from 1 to its depth, so ten steps
     tell its rate within about 15 %, too coarse for a drafter that gains 5-10 % (SmolLM2's int4 head on a
