@@ -56,19 +56,22 @@ def moving_average(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
-def speedup(alpha: float, gamma: int, c: float, verify_costs: Sequence[float] | None = None) -> float:
+def speedup(alpha: float, gamma: int, c: float, verify_costs: Sequence[float] | None = None,
+            one_pass: bool = False) -> float:
     """Expected wall-time improvement over plain decoding: expected_tokens / (gamma * c + v(gamma + 1)),
-    with v = 1 unless a measured curve ``verify_costs`` (:func:`verify_cost_at`) is given."""
+    with v = 1 unless a measured curve ``verify_costs`` (:func:`verify_cost_at`) is given. ``one_pass``: the
+    drafter proposes all gamma tokens in one pass of cost c (a block drafter: DFlash), so c counts once."""
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
-    return expected_tokens(alpha, gamma) / (gamma * c + verify_cost_at(verify_costs, gamma + 1))
+    return expected_tokens(alpha, gamma) / ((1 if one_pass else gamma) * c + verify_cost_at(verify_costs, gamma + 1))
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_costs: Sequence[float] | None = None) -> int:
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 64, verify_costs: Sequence[float] | None = None,
+                  one_pass: bool = False) -> int:
     """The integer gamma in [1, max_gamma] that maximises :func:`speedup` (smallest one on ties)."""
     if max_gamma < 1:
         raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
-    gains = [speedup(alpha, g, c, verify_costs) for g in range(1, max_gamma + 1)]
+    gains = [speedup(alpha, g, c, verify_costs, one_pass) for g in range(1, max_gamma + 1)]
     return int(np.argmax(gains)) + 1
 
 

@@ -78,6 +78,21 @@ def eagle_bundle(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def dflash_bundle(tmp_path_factory) -> Path:
+    """A tiny llama target exported with a random DFlash draft over part of its vocabulary that reads an inner
+    layer and the last one (whose tap is the final normed state), blocks of 4."""
+    from support.dflash import save_dflash_draft
+
+    from specrt.export.exporter import ExportOptions, export_bundle
+
+    root = tmp_path_factory.mktemp("dflash-e2e")
+    target = save_model(root / "target", "llama", seed=1, layers=5, hidden=64, tokenizer=make_tokenizer())
+    draft = save_dflash_draft(root / "draft", target, seed=3, draft_vocab=240, ids=(1, 4), block=4)
+    export_bundle(str(target), None, root / "bundle", ExportOptions(dflash=str(draft)))
+    return root / "bundle"
+
+
+@pytest.fixture(scope="session")
 def generator(llama_bundle):
     import specrt
 

@@ -35,6 +35,18 @@ map) and its ``hidden`` is the layer's output before the final norm: the next dr
 The head fuses ``fc(eagle_taps) + eagle_features`` (fc has no bias, so a row passes exactly one of the
 two and zeros for the other): rows that follow verified tokens read the target's taps, rows of deeper
 draft steps the head's own features, in one graph.
+
+A DFlash block drafter (kind "dflash") takes a block of Q slots, [last token, MASK x (Q-1)], and the target's
+taps of the C positions committed since its last pass; its cache holds only the context's K/V (C rows are
+appended per pass: ``new_key.N`` has C rows, not Q), and every block row attends to all of the context and
+the whole block (no mask). No ``attention_mask``, no ``hidden``:
+
+    input_ids          int64    [B, Q]          the block: the last sampled token, then the mask token
+    position_ids       int64    [B, Q]          its positions, start .. start + Q - 1
+    dflash_context     {dtype}  [B, C, T*H_t]   the target's taps at the new context positions
+    context_positions  int64    [B, C]          those positions (start - C .. start - 1)
+    logits             float32  [B, Q - 1, D_v] slots 1 .. Q-1: the drafted tokens, over the draft vocabulary
+    new_key.N          {dtype}  [B, C, H_kv, D] the context rows' K/V only: block K/V are never cached
 """
 
 from __future__ import annotations
@@ -52,7 +64,10 @@ HIDDEN = "hidden"
 EAGLE_TAPS = "eagle_taps"
 EAGLE_FEATURES = "eagle_features"
 LOGITS_INDEX = "logits_index"
-KINDS = ("decoder", "eagle3")
+DFLASH_CONTEXT = "dflash_context"
+CONTEXT_POSITIONS = "context_positions"
+KINDS = ("decoder", "eagle3", "dflash")
+MAX_BLOCK = 64  # the longest block a DFlash draft runs (the runtime's speculation length is capped at 64 tokens)
 
 DTYPES = ("float32", "float16")
 
@@ -142,8 +157,10 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if kind == "eagle3" and tap_width < 1:
-        raise ValueError("an EAGLE-3 head needs the width of the target taps it reads")
+    if kind in ("eagle3", "dflash") and tap_width < 1:
+        raise ValueError(f"a {kind} drafter needs the width of the target taps it reads")
+    if kind == "dflash":
+        return dflash_io(dims, dtype, tap_width)
     kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
     kv_new = ("batch", "query", dims.num_kv_heads, dims.head_dim)
     static = graph == GQA_STATIC_GRAPH
@@ -172,6 +189,20 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
         inputs.append(TensorSpec(LOGITS_INDEX, "int64", ("logits_rows",)))
     if static:
         inputs.append(TensorSpec(SEQLENS_K, "int32", ("batch",)))
+    return inputs, outputs
+
+
+def dflash_io(dims: ModelDims, dtype: str, tap_width: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """A DFlash draft's (inputs, outputs): the block, the new context's taps and positions, the context K/V."""
+    kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)
+    kv_new = ("batch", "context", dims.num_kv_heads, dims.head_dim)
+    inputs = [TensorSpec(INPUT_IDS, "int64", ("batch", "query")), TensorSpec(POSITION_IDS, "int64", ("batch", "query")),
+              TensorSpec(DFLASH_CONTEXT, dtype, ("batch", "context", tap_width)),
+              TensorSpec(CONTEXT_POSITIONS, "int64", ("batch", "context"))]
+    outputs = [TensorSpec(LOGITS, "float32", ("batch", "drafted", dims.vocab_size))]
+    for i in range(dims.num_layers):
+        inputs += [TensorSpec(past_key(i), dtype, kv_past), TensorSpec(past_value(i), dtype, kv_past)]
+        outputs += [TensorSpec(new_key(i), dtype, kv_new), TensorSpec(new_value(i), dtype, kv_new)]
     return inputs, outputs
 
 

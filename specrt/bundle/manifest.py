@@ -12,10 +12,11 @@ from typing import Any
 
 from ..errors import BundleError
 from . import safety
-from .contract import CAUSAL_ONLY_GRAPHS, DTYPES, FORMAT_VERSION, KINDS, ModelDims, TensorSpec, decoder_io
+from .contract import (CAUSAL_ONLY_GRAPHS, DTYPES, FORMAT_VERSION, KINDS, MAX_BLOCK, ModelDims, TensorSpec,
+                       decoder_io)
 from .external_data import check_external_data
 from .graph_io import check_graph_dims, check_heads_dims
-from .validate import GRAPHS, MAX_MEDUSA_HEADS, ROLES, Fields, check_ids, check_medusa_tree, finite
+from .validate import GRAPHS, MAX_MEDUSA_HEADS, ROLE_KINDS, ROLES, Fields, check_ids, check_medusa_tree, finite
 
 
 def id_set(value) -> set[int]:
@@ -66,6 +67,9 @@ class ModelEntry:
     # An EAGLE-3 head: how it departs from the standard head (Eagle3Config.variants: speculators' and vLLM's tap
     # norms, fed-back norm, window, q/k norms, stacked layers), for people reading the bundle; the graph has them.
     variants: tuple[str, ...] = ()
+    # A DFlash draft (kind "dflash"): its block's slots and the target's embedding row that fills the masked ones
+    block_size: int = 0
+    mask_token_id: int = -1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,6 +78,10 @@ class ModelEntry:
             raise BundleError(f"model kind {self.kind!r} is not one of {KINDS}")
         if self.kind == "eagle3" and (not self.eagle_taps or not self.tap_width or not self.vocab_map):
             raise BundleError("an EAGLE-3 head's entry needs its eagle_taps, tap_width and vocab_map")
+        if self.kind == "dflash" and (not self.eagle_taps or not self.tap_width or not self.vocab_map
+                                      or not 2 <= self.block_size <= MAX_BLOCK or self.mask_token_id < 0):
+            raise BundleError(f"a DFlash draft's entry needs its eagle_taps, tap_width, vocab_map, a block_size of "
+                              f"2 to {MAX_BLOCK} and a mask_token_id")
         for name in ("weight_bytes", "matmul_flops_per_token"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
@@ -111,7 +119,8 @@ class ModelEntry:
                    eagle_taps=f.integers("eagle_taps", 0, safety.MAX_DIM["num_layers"], ()),
                    tap_width=f.integer("tap_width", 0, safety.MAX_DIM["num_layers"] * safety.MAX_DIM["hidden_size"], 0),
                    vocab_map=f.optional_string("vocab_map"), logits_index=f.boolean("logits_index", False),
-                   variants=f.strings("variants", ()))
+                   variants=f.strings("variants", ()), block_size=f.integer("block_size", 0, MAX_BLOCK, 0),
+                   mask_token_id=f.integer("mask_token_id", -1, safety.MAX_DIM["vocab_size"], -1))
 
 
 def _dims(f: Fields) -> ModelDims:
@@ -218,20 +227,26 @@ class Manifest:
         if self.max_context < 1:
             raise BundleError(f"max_context must be positive, got {self.max_context}")
         for role, entry in self.models.items():
-            if role != "eagle" and entry.kind != "decoder":
-                raise BundleError(f"the {role} must be a decoder, got kind {entry.kind!r}")
+            kind = ROLE_KINDS.get(role, "decoder")
+            if entry.kind != kind:
+                raise BundleError(f"the {role} must be of kind {kind!r}, got {entry.kind!r}")
         taps = self.target.eagle_taps
         if self.target.tap_width != len(taps) * self.target.dims.hidden_size:
             raise BundleError(f"the target's tap_width is {self.target.tap_width}; {len(taps)} eagle_taps of hidden "
                               f"size {self.target.dims.hidden_size} are {len(taps) * self.target.dims.hidden_size}")
         head = self.eagle
-        if head is not None:
-            if head.kind != "eagle3":
-                raise BundleError(f"the 'eagle' model must be of kind 'eagle3', got {head.kind!r}")
-            if (head.eagle_taps, head.tap_width) != (self.target.eagle_taps, self.target.tap_width):
-                raise BundleError(f"the EAGLE-3 head reads target layers {list(head.eagle_taps)} ({head.tap_width} "
-                                  f"values) but the target graph outputs {list(self.target.eagle_taps)} "
-                                  f"({self.target.tap_width})")
+        # The head reads the first of the target's taps; a DFlash draft any of them, each named by its layer
+        if head is not None and head.eagle_taps != taps[:len(head.eagle_taps)]:
+            raise BundleError(f"the EAGLE-3 head reads target layers {list(head.eagle_taps)} but the target graph "
+                              f"outputs {list(taps)}")
+        dflash = self.dflash
+        if dflash is not None and not set(dflash.eagle_taps) <= set(taps):
+            raise BundleError(f"the DFlash draft reads target layers {list(dflash.eagle_taps)} but the target graph "
+                              f"outputs {list(taps)}")
+        for entry in (e for e in (head, dflash) if e is not None):
+            if entry.tap_width != len(entry.eagle_taps) * self.target.dims.hidden_size:
+                raise BundleError(f"the {entry.kind} entry's tap_width is {entry.tap_width}, not "
+                                  f"{len(entry.eagle_taps)} layers x {self.target.dims.hidden_size}")
 
     @property
     def target(self) -> ModelEntry:
@@ -245,6 +260,11 @@ class Manifest:
     def eagle(self) -> ModelEntry | None:
         """The EAGLE-3 head, where the bundle has one."""
         return self.models.get("eagle")
+
+    @property
+    def dflash(self) -> ModelEntry | None:
+        """The DFlash block draft, where the bundle has one."""
+        return self.models.get("dflash")
 
     @property
     def runs_trees(self) -> bool:

@@ -15,7 +15,8 @@ from ..errors import BundleError
 
 # Bundles from older exports leave optional fields out; _REQUIRED marks those that every version wrote.
 _REQUIRED = object()
-ROLES = ("target", "draft", "eagle")  # the generator makes a session per role: no role it does not know
+ROLES = ("target", "draft", "eagle", "dflash")  # the generator makes a session per role: no role it does not know
+ROLE_KINDS = {"eagle": "eagle3", "dflash": "dflash"}  # each role's graph kind (contract.KINDS); the rest: decoders
 GRAPHS = ("portable", "fused", "gqa", "gqa-static")  # contract.GQA_GRAPH, GQA_STATIC_GRAPH
 MAX_MEDUSA_NODES = 64  # runtime.tree.MAX_TREE_NODES: export's choose_tree never makes more
 MAX_MEDUSA_HEADS = 64

@@ -286,7 +286,8 @@ def verify_bundle(gen: SpeculativeGenerator, prompts: list[str], samples: int = 
             yield check_golden(gen, role)
     head = gen.manifest.eagle is not None
     trees = ["eagle-tree"] if head and gen.manifest.runs_trees else []  # a causal-only graph verifies no trees
-    methods = (["eagle", *trees] if head else []) + (["draft"] if gen.manifest.draft is not None else []) + ["ngram"]
+    methods = ((["eagle", *trees] if head else []) + (["dflash"] if gen.manifest.dflash is not None else [])
+               + (["draft"] if gen.manifest.draft is not None else []) + ["ngram"])
     plain: dict[bool, list] = {}  # plain decoding's results per prompt, by row_stable
 
     def plain_runs(stable: bool) -> list:

@@ -61,6 +61,12 @@ from .options import (
                    "serves, e.g. RedHatAI's *-speculator.eagle3): adds eagle.onnx and its vocabulary map, and the "
                    "target graph outputs the hidden states the head reads (llama, mistral, qwen2, qwen3, phi3 "
                    "targets).")
+@click.option("--dflash", metavar="DRAFT", type=click.Path(file_okay=False),
+              help="DFlash block draft for MODEL, a folder (z-lab's layout: config.json with dflash_config + "
+                   "model.safetensors; the speculators dflash format; or `specrt dflash train`'s): adds dflash.onnx "
+                   "(float), which proposes a whole block in one pass, and the target graph outputs the layers it "
+                   "reads (llama, mistral, qwen2, qwen3, phi3 targets). With it, auto runs dflash unless --eagle "
+                   "is given too.")
 @click.option("--quantize", type=click.Choice(["int4", "int8", "none"]),
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits; "
                    "none: float [default: --for's: on a CPU int4, else int8, else float, the first the quality gate "
@@ -79,7 +85,7 @@ from .options import (
 @force_option
 def export(model: str, draft: str | None, output: str, platform: str, dtype: str | None, opset: int,
            max_context: int | None, exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None,
-           medusa_nodes: int, eagle: str | None, quantize: str | None, block_size: int, head_block_size: int | None,
+           medusa_nodes: int, eagle: str | None, dflash: str | None, quantize: str | None, block_size: int, head_block_size: int | None,
            draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
            quantize_embeddings: bool | None, gguf_blocks: str, measure: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
@@ -98,6 +104,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
       specrt export ./smollm2 --eagle head -o bundle --eagle-quantize int8   # fp32 target, int8 head
       specrt export ./smollm2 --draft self --draft-quantize int8 -o bundle   # fp32 target, int8 copy drafts
       specrt export SmolLM2-135M-Instruct.Q4_1.gguf -o bundle                 # llama.cpp's blocks, kept
+      specrt export ./qwen3-4b --dflash ./Qwen3-4B-DFlash-b16 -o bundle       # a published block drafter
     """
     if draft == "self":
         if draft_quantize not in (4, 8):
@@ -117,7 +124,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
     gguf = find_gguf(model)
     proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
     bits = {"int4": 4, "int8": 8}.get(quantize or "")
-    requantize = bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft)))
+    requantize = bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft or dflash)))
     choice = choose(platform, dtype=dtype, graph=graph, bits=bits, decided=quantize is not None or proposer_only,
                     gguf=gguf is not None, requantize_gguf=requantize)
     for line in choice.why:
@@ -125,7 +132,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
     dtypes = {"fp32": "float32", "fp16": "float16"}
     options = ExportOptions(dtype=dtypes[choice.dtype], opset=opset, max_context=max_context, exporter=exporter,
                             force=force, medusa=medusa, medusa_nodes=medusa_nodes, graph=choice.graph,
-                            auto_graph=choice.auto_graph, eagle=eagle,
+                            auto_graph=choice.auto_graph, eagle=eagle, dflash=dflash,
                             medusa_dtype=dtypes[medusa_dtype] if medusa_dtype else None)
     # A GGUF target keeps its blocks without bits; --draft-quantize none then still means a float draft.
     gguf_target = gguf if draft_quantize is None and not choice.bits else None

@@ -63,6 +63,9 @@ class ExportOptions:
     # An EAGLE-3 head folder for the target (specrt's or a published one): adds eagle.onnx, its vocabulary
     # map, and the eagle_taps output of the target graph at the head's tap layers.
     eagle: str | None = None
+    # A DFlash draft folder for the target (z-lab's or speculators' format, or specrt dflash train's): adds
+    # dflash.onnx, its vocabulary map, and the target layers it reads to the target graph's eagle_taps.
+    dflash: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -192,18 +195,22 @@ class RoleJob:
     path: Path
     eagle: Any = None  # the target's EAGLE-3 head (eagle_export.HeadInfo), None: no head, no taps
     shown: str = ""  # how progress names the source ("": its path)
+    dflash: Any = None  # the target's DFlash draft (dflash.graph.DraftInfo), None: none
 
     @property
     def taps(self) -> tuple[int, ...]:
-        return self.eagle.taps if self.eagle is not None else ()
+        """The target graph's tap layers: the head's first (it reads a prefix), then the draft's others."""
+        head = self.eagle.taps if self.eagle is not None else ()
+        return head + tuple(t for t in (self.dflash.taps if self.dflash is not None else ()) if t not in head)
 
 
 def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
     """Load one model, compute its fp32 reference and golden logits, write its graph to ``job.path``;
-    returns (dims, reference, golden, taps reference, head). With an EAGLE-3 head (``job.eagle``) the
+    returns (dims, reference, golden, taps reference, head, draft). With an EAGLE-3 head (``job.eagle``) the
     graph outputs the head's taps, checked against Hugging Face's hidden states, and the head's graph is
     written beside it (``head``: eagle_export.HeadExport, else None; the taps reference None without a
-    head). Everything PyTorch holds is garbage once this returns."""
+    head); with a DFlash draft (``job.dflash``) its graph too (``draft``: dflash.graph.DraftExport, else None).
+    Everything PyTorch holds is garbage once this returns."""
     with reporter.step(f"Loading {job.role} {job.shown or job.source}"):
         model = load_causal_lm(job.source, job.options.dtype)
         adapter = adapter_for(model.config.model_type)(model, fused=job.fused, positions=job.max_context)
@@ -224,7 +231,22 @@ def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
                                    job.path.with_name(GRAPH_FILE), job.options.dtype, fused=job.fused,
                                    positions=job.max_context, opset=job.options.opset,
                                    exporter=job.options.exporter)
-    return dims, reference, golden, taps_reference, head
+    draft = _dflash_torch_side(job, model, taps_reference, reporter) if job.dflash is not None else None
+    return dims, reference, golden, taps_reference, head, draft
+
+
+def _dflash_torch_side(job: RoleJob, model: Any, taps_reference: dict, reporter: Reporter) -> Any:
+    """The DFlash draft's graph written beside the target's, its reference computed on the target's own taps."""
+    import numpy as np
+
+    from .dflash.graph import GRAPH_FILE, draft_torch_side
+
+    width = model.config.hidden_size
+    columns = np.concatenate([np.arange(job.taps.index(t) * width, (job.taps.index(t) + 1) * width)
+                              for t in job.dflash.taps])
+    with reporter.step(f"Exporting the DFlash draft {job.dflash.source} (reference in fp32)"):
+        return draft_torch_side(job.dflash, model, taps_reference["prefill"][:, columns], job.path.with_name(GRAPH_FILE),
+                                job.options.dtype, opset=job.options.opset, exporter=job.options.exporter)
 
 
 @dataclass
@@ -264,6 +286,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         with reporter.step(f"Reading the EAGLE-3 head {options.eagle}"):
             head_info = read_head(options.eagle, sources.configs["target"])
             release_memory()  # its weights are read again where the head is exported
+    draft_info = None
+    if options.dflash is not None:
+        from .dflash.graph import read_dflash
+
+        with reporter.step(f"Reading the DFlash draft {options.dflash}"):
+            draft_info = read_dflash(options.dflash, sources.configs["target"])
 
     tmp = staging_folder(out)
     try:
@@ -272,7 +300,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, options: Expo
         cases = ParityCases.draw(len(sources.tokenizers["target"]), sources.max_context)
         for role in sources.paths:
             entries.update(_export_role(role, sources, options, cases, head_info, tmp, reporter,
-                                        (shown or {}).get(role, "")))
+                                        (shown or {}).get(role, ""), draft_info))
             if role == "target" and options.medusa:
                 with reporter.step(f"Exporting Medusa heads {options.medusa}"):
                     medusa = _export_medusa(Path(options.medusa), tmp, entries["target"].dims, options)
@@ -311,17 +339,18 @@ def _read_sources(paths: dict[str, str], options: ExportOptions) -> _Sources:
 
 
 def _export_role(role: str, sources: _Sources, options: ExportOptions, cases: ParityCases, head_info: Any,
-                 tmp: Path, reporter: Reporter, shown: str = "") -> dict[str, ModelEntry]:
+                 tmp: Path, reporter: Reporter, shown: str = "", draft_info: Any = None) -> dict[str, ModelEntry]:
     """One model traced (in a child process where ``options`` isolate it), rewritten for its graph kind and
     checked against PyTorch: its manifest entry, and the EAGLE-3 head's when the target carries one."""
     src, config = sources.paths[role], sources.configs[role]
     job = RoleJob(role, src, options, fused=options.fused_for(adapter_for(config.model_type), config),
                   max_context=sources.max_context, cases=cases, token_limit=len(sources.tokenizers["target"]),
-                  path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None, shown=shown)
+                  path=tmp / f"{role}.onnx", eagle=head_info if role == "target" else None, shown=shown,
+                  dflash=draft_info if role == "target" else None)
     if options.isolate_for(src):
-        dims, reference, golden, taps_reference, head = run_isolated(torch_side, (job,), reporter)
+        dims, reference, golden, taps_reference, head, draft = run_isolated(torch_side, (job,), reporter)
     else:
-        dims, reference, golden, taps_reference, head = torch_side(job, reporter=reporter)
+        dims, reference, golden, taps_reference, head, draft = torch_side(job, reporter=reporter)
         release_memory()
     graph = options.graph_for(job.fused)
     if graph in C.SHARED_KV_GRAPHS:
@@ -351,6 +380,11 @@ def _export_role(role: str, sources: _Sources, options: ExportOptions, cases: Pa
     if head is not None:
         with reporter.step("Checking the EAGLE-3 head: ONNX Runtime vs PyTorch"):
             entries["eagle"] = _head_entry(head_info, head, tmp, options.dtype, graph)
+    if draft is not None:
+        from .dflash.graph import draft_entry
+
+        with reporter.step("Checking the DFlash draft: ONNX Runtime vs PyTorch"):
+            entries["dflash"] = draft_entry(draft_info, draft, tmp, options.dtype)
     return entries
 
 

@@ -234,7 +234,8 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
     next; a bundle without a drafter is told plainly that prompt lookup rarely speeds up a sampled reply."""
     from ..runtime.drafters import auto_method
 
-    method = auto_method(manifest.eagle is not None, "draft" in manifest.models, manifest.runs_trees)
+    method = auto_method(manifest.eagle is not None, "draft" in manifest.models, manifest.runs_trees,
+                         manifest.dflash is not None)
     bench = f"next: specrt bench --bundle {folder} --methods none,{method}"
     if method == "ngram":
         return ("auto will run ngram (prompt lookup): the bundle has no draft model or EAGLE-3 head. It pays where a "
@@ -242,7 +243,7 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
                 "model, add a drafter: an EAGLE-3 head (specrt eagle train MODEL -o HEAD, then specrt export MODEL "
                 "--eagle HEAD; docs/eagle.md) or a smaller model with the same tokenizer (--draft).\n" + bench)
     what = {"eagle-tree": "the EAGLE-3 head's tree", "eagle": "the EAGLE-3 head's chain: gqa-static graphs verify no "
-            "trees"}.get(method, "the draft model's chain")
+            "trees", "dflash": "the DFlash draft's block, one pass per step"}.get(method, "the draft model's chain")
     return f"auto will run {method} ({what}).\n{bench}"
 
 
@@ -268,12 +269,13 @@ def gguf_verify_note(manifest: Manifest, folder: str | Path, model: str) -> str 
     it with. None for any other bundle. On a CPU a tree step verifies ~4-8 rows, and Q4 blocks cost 1.1-2.1x
     one row for 2-8 (docs/performance/smollm2-gguf-cpu.md), which can eat what the drafter saves."""
     q = manifest.target.quantization or {}
-    if not q.get("gguf") or (manifest.eagle is None and manifest.draft is None):
+    if not q.get("gguf") or (manifest.eagle is None and manifest.draft is None and manifest.dflash is None):
         return None
     from ..runtime.generator import SpeculativeGenerator
 
     costs = SpeculativeGenerator(folder).verify_costs(5)
-    drafter = f"--eagle {manifest.eagle.source}" if manifest.eagle is not None else "--draft DRAFT"
+    drafter = (f"--eagle {manifest.eagle.source}" if manifest.eagle is not None
+               else f"--dflash {manifest.dflash.source}" if manifest.dflash is not None else "--draft DRAFT")
     return (f"verifying 4 rows of {'+'.join(sorted(q['gguf']['types']))} blocks costs {costs[3]:.2f}x one row here "
             f"(5 rows: {costs[4]:.2f}x); where `specrt bench` shows the drafter barely above none, compare a target "
             f"re-quantized for many-row passes (what --gguf-blocks auto does with a drafter): specrt export {model} "
@@ -293,6 +295,9 @@ def describe(manifest: Manifest) -> str:
     for role, e in manifest.models.items():
         if e.kind == "eagle3":
             what = (f"EAGLE-3 head ({e.graph} graph{''.join(', ' + v for v in e.variants)}) reading target layers "
+                    f"{', '.join(map(str, e.eagle_taps))}, {e.dims.vocab_size} draft ids")
+        elif e.kind == "dflash":
+            what = (f"DFlash draft, {e.dims.num_layers} layers, blocks of {e.block_size}, reading target layers "
                     f"{', '.join(map(str, e.eagle_taps))}, {e.dims.vocab_size} draft ids")
         else:
             what = f"{e.architecture} ({e.graph} graph), {e.dims.num_layers} layers"

@@ -337,7 +337,7 @@ def _traffic(row: dict, method: str, costs: dict[str, roofline.ModelCost], gen: 
     target = roofline.PassBytes(weights, roofline.kv_bytes_per_position(m.target.dims, m.target.dtype) * ctx)
     # What a draft pass runs: the EAGLE-3 head for eagle methods, the draft model for draft and tree.
     cls = drafter_class(method)
-    role, entry = (("eagle", m.eagle) if cls.needs_eagle else
+    role, entry = (("eagle", m.eagle) if cls.needs_eagle else ("dflash", m.dflash) if cls.needs_dflash else
                    ("draft", m.draft) if cls.needs_draft_model else (None, None))
     draft = (roofline.PassBytes(costs[role].weight_bytes, roofline.kv_bytes_per_position(entry.dims, entry.dtype) * ctx)
              if entry is not None else None)

@@ -12,6 +12,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .cached import CachedModel
 from .dist import Dist
+from .dflash import DFlashDrafter
 from .eagle import EagleDrafter, EagleTreeDrafter
 from .masks import tree_mask
 from .medusa import MedusaDrafter
@@ -47,12 +48,14 @@ NO_DRAFTER = ("no drafter in this bundle: auto runs prompt lookup (ngram), which
               "MODEL -o HEAD, then specrt export MODEL --eagle HEAD (docs/eagle.md)")
 
 
-def auto_method(has_eagle: bool, has_draft: bool, trees: bool = True) -> str:
+def auto_method(has_eagle: bool, has_draft: bool, trees: bool = True, has_dflash: bool = False) -> str:
     """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree (its chain where the bundle runs no
-    trees: ``trees`` False, Manifest.runs_trees), else its draft model's chain, else prompt lookup, which needs no
-    model (the one rule: the generator and ``specrt export``'s closing line read it)."""
+    trees: ``trees`` False, Manifest.runs_trees), else its DFlash draft's block, else its draft model's chain, else
+    prompt lookup, which needs no model (the one rule: the generator and ``specrt export``'s closing line read it)."""
     if has_eagle:
         return "eagle-tree" if trees else "eagle"
+    if has_dflash:
+        return "dflash"
     return "draft" if has_draft else "ngram"
 
 
@@ -191,11 +194,12 @@ class TreeDrafter(ModelDrafter):
         return TokenTree(nodes, parents, child_q, passes)
 
 
-# The built-in methods, in the order --help lists them after auto (an EAGLE-3 head's chain and tree, a draft
-# model's, Medusa's heads, prompt lookup, plain decoding), each registered as a plug-in registers its own.
+# The built-in methods, in the order --help lists them after auto (an EAGLE-3 head's chain and tree, a DFlash
+# draft's block, a draft model's, Medusa's heads, prompt lookup, plain decoding), each registered as a plug-in registers its own.
 BUILTIN_METHODS: tuple[tuple[str, type[Drafter]], ...] = (
     ("eagle", EagleDrafter),
     ("eagle-tree", EagleTreeDrafter),
+    ("dflash", DFlashDrafter),
     ("draft", ModelDrafter),
     ("tree", TreeDrafter),
     ("medusa", MedusaDrafter),

@@ -21,6 +21,7 @@ from .backends.onnxruntime import share_threads
 from .cached import CachedModel
 from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
                     remembered_verify_costs)
+from .dflash import DFlashParts, load_dflash, read_vocab_map
 from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
 from .gate import GatedStepper, MethodGate
 from .loop import ChainStepper, DecodeState, DraftGate, PlainStepper, TreeStepper, decode
@@ -158,12 +159,13 @@ class SpeculativeGenerator:
             raise BundleError(f"cannot read {self.manifest.tokenizer.file}: {str(e).splitlines()[0]}") from None
         self.decoders: dict[str, Decoder] = {
             role: create_decoder(backend, self.bundle, entry, threads, role, low_memory)
-            for role, entry in self.manifest.models.items() if role != "eagle"}  # the head: on first use
+            for role, entry in self.manifest.models.items() if role not in ("eagle", "dflash")}  # those on first use
         vocab = self.manifest.target.dims.vocab_size
         self._models = {role: CachedModel(d, self.manifest.max_context, vocab) for role, d in self.decoders.items()}
         self._backend, self._threads, self._low_memory = backend, threads, low_memory
         self._shared_threads = shared_threads
         self._vocab_map: np.ndarray | None = None
+        self._dflash: DFlashParts | None = None  # the DFlash draft: loaded on first use
         self._heads = None  # Medusa heads: loaded on first use, so backends without them still run the rest
         self._chat_template: ChatTemplate | None = None  # compiled on first chat: a bad one breaks chat only
         self._verify_costs: tuple[float, ...] | None = None
@@ -254,7 +256,8 @@ class SpeculativeGenerator:
         greedy and sampled, fp32 and int8, on SmolLM2: docs/performance/smollm2-eagle3-cpu.md; its chain where the
         bundle's graphs are causal only, Manifest.runs_trees), else a draft model's chain, else prompt lookup (no
         model; exact, and never slower than plain decoding by more than its lookup)."""
-        return auto_method(self.manifest.eagle is not None, "draft" in self._models, self.manifest.runs_trees)
+        return auto_method(self.manifest.eagle is not None, "draft" in self._models, self.manifest.runs_trees,
+                           self.manifest.dflash is not None)
 
     @property
     def drafter_note(self) -> str | None:
@@ -282,6 +285,8 @@ class SpeculativeGenerator:
             self._heads = create_heads(self._backend, self.bundle, self.manifest.medusa.file, self._threads)
         if cls.needs_eagle:
             self._load_eagle(method)
+        if cls.needs_dflash and self._dflash is None:
+            self._dflash = load_dflash(self.bundle, self.manifest, self.decoders["target"], self._threads)
         medusa = self.manifest.medusa
         tree_costs = self.tree_verify_costs(opts.eagle_tree) if cls.sizes_tree_by_cost else None
         return cls.build(DrafterContext(vocab=self.manifest.target.dims.vocab_size, model=self._models.get("draft"),
@@ -289,7 +294,7 @@ class SpeculativeGenerator:
                                         acceptance=opts.acceptance, target=self._models["target"],
                                         eagle=self._models.get("eagle"), vocab_map=self._vocab_map,
                                         eagle_tree=opts.eagle_tree, draft_stop=opts.draft_stop,
-                                        verify_costs=tree_costs))
+                                        verify_costs=tree_costs, dflash=self._dflash))
 
     def _load_eagle(self, method: str) -> None:
         """The EAGLE-3 head's session, cache and vocabulary map, made on first use."""
@@ -302,22 +307,12 @@ class SpeculativeGenerator:
         if not getattr(self.decoders["target"], "supports_eagle", False):
             raise ConfigError(f"the {self.decoders['target'].provider} backend does not run EAGLE-3 heads yet; "
                               "use --backend onnxruntime")
-        path = self.bundle / entry.vocab_map
-        safety.checked_size(path, 8 * entry.dims.vocab_size + 4096, "EAGLE-3 vocabulary map")  # int64 + the header
-        try:
-            vocab_map = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise BundleError(f"cannot read the EAGLE-3 vocabulary map {entry.vocab_map}: {e}") from None
-        vocab = self.manifest.target.dims.vocab_size
-        if (vocab_map.shape != (entry.dims.vocab_size,) or vocab_map.dtype.kind not in "iu"
-                or (len(vocab_map) > 1 and not (np.diff(vocab_map) > 0).all())
-                or vocab_map[0] < 0 or vocab_map[-1] >= vocab):
-            raise BundleError(f"{entry.vocab_map} must hold {entry.dims.vocab_size} strictly ascending target ids "
-                              f"in [0, {vocab})")
+        vocab_map = read_vocab_map(self.bundle, entry.vocab_map, entry.dims.vocab_size,
+                                   self.manifest.target.dims.vocab_size)
         decoder = create_decoder(self._backend, self.bundle, entry, self._threads, "draft", self._low_memory)
         self.decoders["eagle"] = decoder
         self._models["eagle"] = CachedModel(decoder, self.manifest.max_context, entry.dims.vocab_size)
-        self._vocab_map = vocab_map.astype(np.int64)
+        self._vocab_map = vocab_map
 
     def stream(self, prompt: str, options: DecodeOptions | None = None, **changes: Any) -> Stream:
         """Text pieces as they are decided, for ``options`` (:class:`DecodeOptions`; keyword ``changes``
@@ -353,8 +348,8 @@ class SpeculativeGenerator:
         costs = self.verify_costs() if auto or gate else None
         stepper = (PlainStepper() if method == "none"
                    else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma, costs,
-                                     gate=self._keep(DraftGate, opts, method, costs) if gate else None))
+                   else ChainStepper(opts.gamma, costs, gate=self._keep(DraftGate, opts, method, costs) if gate else None,
+                                     one_pass=drafter.drafts_in_one_pass))
         switch = self._method_gate(opts, method, drafter)
         if switch is not None:
             stepper = GatedStepper(stepper, switch)
@@ -424,9 +419,12 @@ class SpeculativeGenerator:
         # from a multi-row one (MatMulNBits int8: logits up to 0.7 apart; multi-row passes agree row for
         # row), so the first token comes out as a prefill of the whole prompt would give it. The models this
         # generation runs keep the same length: the head's catch-up reads the target's taps from there.
-        keep = max(0, min([len(tokens) - 2] + [valid[r] for r in used]))
+        draft = self._dflash.runner if drafter.needs_dflash and self._dflash is not None else None
+        keep = max(0, min([len(tokens) - 2] + [valid[r] for r in used] + ([min(draft.length, common)] if draft else [])))
         for role, m in self._models.items():
             m.reset(keep if role in used else valid[role])
+        if draft is not None:  # its context: positions whose taps a target pass made; the rest is fed again
+            draft.truncate(keep)
         return keep
 
     def _hold(self, tokens: list[int]) -> None:

@@ -150,10 +150,11 @@ class AutoGamma:
     docs/performance/auto-gamma-cpu.md)."""
 
     def __init__(self, start: int | None = None, max_gamma: int = 16, weight: float = 0.3,
-                 verify_costs: tuple[float, ...] | None = None) -> None:
+                 verify_costs: tuple[float, ...] | None = None, one_pass: bool = False) -> None:
         start = start if start is not None else 4 if verify_costs is None else 1
         self.gamma, self.max_gamma, self.weight = start, max_gamma, weight
         self.verify_costs = verify_costs
+        self.one_pass = one_pass  # Drafter.drafts_in_one_pass: a step's draft cost is one pass, whatever γ
         self._alpha = PooledAlpha(weight)
         self.c: float | None = None
 
@@ -169,7 +170,8 @@ class AutoGamma:
             self.c = theory.moving_average(self.c, theory.draft_cost(t_draft_pass, step.verify_s, step.proposed + 1,
                                                          self.verify_costs), self.weight)
         if self.alpha is not None:
-            best = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs)
+            best = theory.optimal_gamma(min(self.alpha, 0.999), self.c or 0.0, self.max_gamma, self.verify_costs,
+                                        self.one_pass)
             self.gamma = min(best, 2 * self.gamma + 1)
         return self.gamma
 
@@ -223,12 +225,12 @@ class DraftGate:
 
 class ChainStepper:
     """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`, weighing γ with
-    ``verify_costs``); ``gate``: each proposal first passes this :class:`DraftGate` (the caller's, so what it
+    ``verify_costs``, and one draft pass per step where ``one_pass``); ``gate``: each proposal first passes this :class:`DraftGate` (the caller's, so what it
     learnt outlives one generation)."""
 
     def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None,
-                 gate: DraftGate | None = None) -> None:
-        self.auto = AutoGamma(verify_costs=verify_costs) if gamma == "auto" else None
+                 gate: DraftGate | None = None, one_pass: bool = False) -> None:
+        self.auto = AutoGamma(verify_costs=verify_costs, one_pass=one_pass) if gamma == "auto" else None
         self.gamma = 0 if gamma == "auto" else int(gamma)
         self.gate = gate
 

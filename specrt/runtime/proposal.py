@@ -29,6 +29,7 @@ class DrafterContext:
     eagle: CachedModel | None = None  # the EAGLE-3 head, loaded where the method needs it
     vocab_map: np.ndarray | None = None  # [draft_vocab] int64: the head's draft ids -> target ids, ascending
     eagle_tree: DynamicTree = DEFAULT_EAGLE_TREE  # the shape of the EAGLE-2 tree (method eagle-tree)
+    dflash: object | None = None  # the DFlash draft (runtime.dflash.DFlashParts), loaded where the method needs it
     draft_stop: float = 0.0  # a chain ends where the drafter's softmax gives its next token less
     # [rows]: v(r) = verify_costs[r - 1], an r-row target pass against one row on this backend, where a dynamic
     # tree is sized by cost (theory.verify_cost_at reads it; None: every row free)
@@ -58,6 +59,14 @@ class Drafter:
     needs_eagle: ClassVar[bool] = False
     """Drafts with the bundle's EAGLE-3 head (:attr:`DrafterContext.eagle`, ``vocab_map``; the target's taps):
     loaded on first use, and its cache kept in step with the target's."""
+
+    needs_dflash: ClassVar[bool] = False
+    """Drafts with the bundle's DFlash block draft (:attr:`DrafterContext.dflash`; the target's taps): loaded on
+    first use, its context cache kept in step with what the target commits."""
+
+    drafts_in_one_pass: ClassVar[bool] = False
+    """Proposes its whole chain in one draft pass (a block drafter): ``--gamma auto`` then weighs one draft pass
+    per step, not one per drafted token."""
 
     needs_medusa: ClassVar[bool] = False
     """Drafts with the bundle's Medusa heads and static tree (:attr:`DrafterContext.heads`, ``paths``), loaded

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...errors import DFlashDraftError
@@ -114,9 +115,11 @@ def _check_body(body: dict[str, torch.Tensor], cfg: DFlashConfig, folder: Path) 
                                    "draft")
 
 
-def read_draft(folder: str | os.PathLike) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:
-    """A DFlash draft folder as (config, body state dict under z-lab's names, stored dtype): z-lab's layout or the
-    speculators format. An EAGLE-3 head is refused by name, whichever of its config or weights shows it."""
+def read_draft(folder: str | os.PathLike) -> tuple[DFlashConfig, dict[str, torch.Tensor], np.ndarray | None]:
+    """A DFlash draft folder as (config, body state dict under z-lab's names, stored dtype, vocabulary map): z-lab's
+    layout or the speculators format. The vocabulary map (int64 [D], the ascending target ids of a smaller draft
+    vocabulary, from ``d2t``: target id = draft id + d2t) is None where the draft predicts the whole vocabulary.
+    An EAGLE-3 head is refused by name, whichever of its config or weights shows it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise DFlashDraftError(f"DFlash draft folder not found: {folder}; pass a folder holding {CONFIG_NAME} and "
@@ -130,4 +133,17 @@ def read_draft(folder: str | os.PathLike) -> tuple[DFlashConfig, dict[str, torch
     cfg = DFlashConfig.from_json(raw, source)
     body = _body(state, folder)
     _check_body(body, cfg, folder)
-    return cfg, body
+    return cfg, body, _vocab_map(state, cfg, folder)
+
+
+def _vocab_map(state: dict[str, torch.Tensor], cfg: DFlashConfig, folder: Path) -> np.ndarray | None:
+    """The draft vocabulary's target ids from ``d2t`` (any prefix), checked: ascending, inside the vocabulary."""
+    d2t = next((t for k, t in state.items() if k == "d2t" or k.endswith(".d2t")), None)
+    if d2t is None:
+        return None
+    ids = np.arange(d2t.numel(), dtype=np.int64) + d2t.to(torch.int64).numpy().reshape(-1)
+    if d2t.dtype.is_floating_point or (len(ids) > 1 and not (np.diff(ids) > 0).all()) or ids[0] < 0 \
+            or ids[-1] >= cfg.vocab_size:
+        raise DFlashDraftError(f"{folder}: d2t must map draft ids to strictly ascending target ids in "
+                               f"[0, {cfg.vocab_size}); re-download the draft")
+    return None if len(ids) == cfg.vocab_size else ids

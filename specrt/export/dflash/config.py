@@ -9,9 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ...bundle import contract as C
 from ...errors import DFlashDraftError
 
-MAX_BLOCK = 64  # the longest block specrt drafts (its speculation length is capped at 64 tokens)
+MAX_BLOCK = C.MAX_BLOCK  # the longest block specrt drafts (its speculation length is capped at 64 tokens)
 EAGLE3_ARCHITECTURES = frozenset({"LlamaForCausalLMEagle3", "Eagle3Speculator"})
 # Both formats are Qwen3 configs: an absent field means Qwen3Config's default (transformers fills it so)
 QWEN3_HEAD_DIM, QWEN3_EPS, QWEN3_ROPE_THETA, QWEN3_MAX_POSITIONS = 128, 1e-6, 10000.0, 32768

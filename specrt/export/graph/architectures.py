@@ -394,9 +394,10 @@ class GPT2Adapter(DecoderAdapter):
 class DecoderWrapper(nn.Module):
     """The exported graph: explicit ids/positions/mask/past in, logits/hidden/new K,V out (see contract).
 
-    ``taps`` (an EAGLE-3 head's target layers): the graph also outputs ``eagle_taps``, the hidden states
-    ENTERING those layers (index i = Hugging Face's ``output_hidden_states[i]``) concatenated in that
-    order, in the graph's dtype, between ``hidden`` and the new K/V.
+    ``taps`` (an EAGLE-3 head's target layers, a DFlash draft's): the graph also outputs ``eagle_taps``, the
+    hidden states ENTERING those layers (index i = Hugging Face's ``output_hidden_states[i]``; index L, past the
+    last layer, is the final normed state as Hugging Face gives it there) concatenated in that order, in the
+    graph's dtype, between ``hidden`` and the new K/V.
     """
 
     def __init__(self, adapter: DecoderAdapter, taps: tuple[int, ...] = ()) -> None:
@@ -406,8 +407,8 @@ class DecoderWrapper(nn.Module):
         self.num_layers = adapter.dims().num_layers
         self.taps = tuple(taps)
         if len(set(self.taps)) != len(self.taps) or any(
-                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.num_layers for t in self.taps):
-            raise ValueError(f"tap layers must be distinct layer indices in [0, {self.num_layers}), got "
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= self.num_layers for t in self.taps):
+            raise ValueError(f"tap layers must be distinct layer indices in [0, {self.num_layers}], got "
                              f"{list(self.taps)}")
         self.eval()  # nn.Module starts in training mode; exporters restore it recursively afterwards
 
@@ -427,6 +428,7 @@ class DecoderWrapper(nn.Module):
             h, k, v = a.layer(i, h, pos, past[2 * i], past[2 * i + 1], masks[a.window(i)])
             new += [k, v]
         hidden = a.final_norm(h)
+        entering[self.num_layers] = hidden
         logits = a.lm_head(hidden if logits_index is None else hidden.index_select(1, logits_index)).float()
         if self.taps:
             return (logits, hidden, torch.cat([entering[t] for t in self.taps], dim=-1), *new)

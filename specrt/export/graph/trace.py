@@ -110,7 +110,7 @@ def trace_module(wrapper: torch.nn.Module, args: tuple, ins: list[C.TensorSpec],
             from torch.export import Dim
 
             dims = {"batch": Dim("batch"), "query": Dim("query"), "past": Dim("past"),
-                    "logits_rows": Dim("logits_rows")}
+                    "logits_rows": Dim("logits_rows"), "context": Dim("context")}
             names = list(inspect.signature(wrapper.forward).parameters)[:len(args)]
             kv = (C.past_key(0)[:-1], C.past_value(0)[:-1])
             rest = iter(s for s in ins if not s.name.startswith(kv))

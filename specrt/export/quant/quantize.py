@@ -92,7 +92,8 @@ class QuantizeOptions:
     def bits_for(self, role: str) -> int | None:
         if self.gguf_for(role) is not None:
             return None
-        own = {"draft": self.draft_bits, "eagle": self.eagle_bits}.get(role, "same")
+        # A DFlash draft stays float: its graph (no mask, context K/V out) is not one the gate can run yet
+        own = {"draft": self.draft_bits, "eagle": self.eagle_bits, "dflash": None}.get(role, "same")
         return self.bits if own == "same" else own  # type: ignore[return-value]
 
     def gguf_for(self, role: str) -> Path | None:

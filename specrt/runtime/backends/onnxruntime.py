@@ -329,6 +329,7 @@ class OrtDecoder:
         return self.steps.status if self.steps is not None else self.graph_note
 
     supports_eagle = True
+    supports_dflash = True  # a DFlash draft runs beside it (backends.ort_dflash), reading its taps
 
     def new_cache(self, max_context: int) -> KVCache | DeviceKVCache:
         if self.memory is None:

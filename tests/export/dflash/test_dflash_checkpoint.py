@@ -81,13 +81,13 @@ def refused(match: str, fn, *args) -> None:
 # --- the two layouts -------------------------------------------------------------------------------------------
 
 def test_zlab_and_speculators_layouts_read_to_the_same_draft(tmp_path, cfg, state):
-    zcfg, zbody = read_draft(write(tmp_path / "zlab", zlab_config(), state))
+    zcfg, zbody, _ = read_draft(write(tmp_path / "zlab", zlab_config(), state))
     # speculators: a consistent prefix and copies of the verifier's embedding, head and vocabulary maps
     extras = {"model.embed_tokens.weight": torch.zeros(VOCAB, HIDDEN), "lm_head.weight": torch.zeros(VOCAB, HIDDEN),
               "verifier_norm.weight": torch.ones(HIDDEN), "d2t": torch.zeros(VOCAB, dtype=torch.int64),
               "t2d": torch.ones(VOCAB, dtype=torch.bool)}
     prefixed = {"model." + k: v for k, v in state.items()} | extras
-    scfg, sbody = read_draft(write(tmp_path / "spec", speculators_config(), prefixed))
+    scfg, sbody, _ = read_draft(write(tmp_path / "spec", speculators_config(), prefixed))
     assert zcfg == scfg == cfg
     assert cfg.target_layer_ids == IDS and cfg.block_size == BLOCK and cfg.mask_token_id == MASK
     assert cfg.feature_width == len(IDS) * HIDDEN
