@@ -61,6 +61,8 @@ class EagleDrafter(Drafter):
         head, done, m = self.head, self.head.cache.length, len(tokens)
         self.target.release_taps(done)  # the head's rows below done are final: their taps are not read again
         taps = self.target.taps_at(done, m - 1)
+        if taps.shape[1] != self._no_taps.shape[1]:  # the target's taps begin with the head's (a DFlash draft's follow)
+            taps = np.ascontiguousarray(taps[:, :self._no_taps.shape[1]])
         self._final = m - 1  # rows with the target's taps; the rest are dropped at rollback
         return head.feed(tokens[done + 1:], sampling, extra={
             C.EAGLE_TAPS: taps, C.EAGLE_FEATURES: np.zeros((len(taps), self._width), np.float32)})

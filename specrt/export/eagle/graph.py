@@ -392,7 +392,8 @@ def head_torch_side(info: HeadInfo, target_model: nn.Module, target_config: Any,
     embedding = None if head.embed_tokens is not None else target_model.get_input_embeddings().weight
     order, vocab_map = ascending_vocab(d2t)
     identity = bool(torch.equal(order, torch.arange(len(order))))
-    head_cases = HeadCases.build(cases, taps_reference, dtype)
+    # The target's taps begin with the head's (a DFlash draft's may follow)
+    head_cases = HeadCases.build(cases, {k: v[..., :info.tap_width] for k, v in taps_reference.items()}, dtype)
     reference = reference_head(head, embedding, head_cases)
     dims = export_eagle_head(head, embedding, path, dtype, taps=info.taps, order=None if identity else order,
                              fused=fused, positions=positions, opset=opset, exporter=exporter)
