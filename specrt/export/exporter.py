@@ -245,8 +245,9 @@ def _dflash_torch_side(job: RoleJob, model: Any, taps_reference: dict, reporter:
     columns = np.concatenate([np.arange(job.taps.index(t) * width, (job.taps.index(t) + 1) * width)
                               for t in job.dflash.taps])
     with reporter.step(f"Exporting the DFlash draft {job.dflash.source} (reference in fp32)"):
-        return draft_torch_side(job.dflash, model, taps_reference["prefill"][:, columns], job.path.with_name(GRAPH_FILE),
-                                job.options.dtype, opset=job.options.opset, exporter=job.options.exporter)
+        return draft_torch_side(job.dflash, model, taps_reference["prefill"][:, columns],
+                                job.path.with_name(GRAPH_FILE), job.options.dtype, opset=job.options.opset,
+                                exporter=job.options.exporter)
 
 
 @dataclass

@@ -195,7 +195,8 @@ class TreeDrafter(ModelDrafter):
 
 
 # The built-in methods, in the order --help lists them after auto (an EAGLE-3 head's chain and tree, a DFlash
-# draft's block, a draft model's, Medusa's heads, prompt lookup, plain decoding), each registered as a plug-in registers its own.
+# draft's block, a draft model's, Medusa's heads, prompt lookup, plain decoding), each registered as a plug-in
+# registers its own.
 BUILTIN_METHODS: tuple[tuple[str, type[Drafter]], ...] = (
     ("eagle", EagleDrafter),
     ("eagle-tree", EagleTreeDrafter),

@@ -348,8 +348,8 @@ class SpeculativeGenerator:
         costs = self.verify_costs() if auto or gate else None
         stepper = (PlainStepper() if method == "none"
                    else TreeStepper(typical=opts.acceptance == "typical") if drafter.proposes_trees
-                   else ChainStepper(opts.gamma, costs, gate=self._keep(DraftGate, opts, method, costs) if gate else None,
-                                     one_pass=drafter.drafts_in_one_pass))
+                   else ChainStepper(opts.gamma, costs, one_pass=drafter.drafts_in_one_pass,
+                                     gate=self._keep(DraftGate, opts, method, costs) if gate else None))
         switch = self._method_gate(opts, method, drafter)
         if switch is not None:
             stepper = GatedStepper(stepper, switch)
@@ -357,7 +357,7 @@ class SpeculativeGenerator:
         state = DecodeState(tokens=tokens, target=self._models["target"], drafter=drafter, sampling=opts.sampling,
                             rng=np.random.default_rng(opts.seed),
                             stats=StatsRecorder(method, opts.gamma, prompt_tokens=len(tokens), reused_tokens=reused,
-                                                verify_costs=self._verify_costs),
+                                                verify_costs=self._verify_costs, one_pass=drafter.drafts_in_one_pass),
                             min_rows=2 if opts.row_stable else 1)
         tracker = _TextTracker(self.tokenizer, opts.stop)
         stop_ids = frozenset(self.manifest.tokenizer.eos_token_ids)
@@ -420,7 +420,8 @@ class SpeculativeGenerator:
         # row), so the first token comes out as a prefill of the whole prompt would give it. The models this
         # generation runs keep the same length: the head's catch-up reads the target's taps from there.
         draft = self._dflash.runner if drafter.needs_dflash and self._dflash is not None else None
-        keep = max(0, min([len(tokens) - 2] + [valid[r] for r in used] + ([min(draft.length, common)] if draft else [])))
+        held = [valid[r] for r in used] + ([min(draft.length, common)] if draft is not None else [])
+        keep = max(0, min([len(tokens) - 2] + held))
         for role, m in self._models.items():
             m.reset(keep if role in used else valid[role])
         if draft is not None:  # its context: positions whose taps a target pass made; the rest is fed again

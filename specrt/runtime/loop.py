@@ -225,8 +225,8 @@ class DraftGate:
 
 class ChainStepper:
     """One speculative_step per call with a fixed γ, or γ="auto" (:class:`AutoGamma`, weighing γ with
-    ``verify_costs``, and one draft pass per step where ``one_pass``); ``gate``: each proposal first passes this :class:`DraftGate` (the caller's, so what it
-    learnt outlives one generation)."""
+    ``verify_costs``, and one draft pass per step where ``one_pass``); ``gate``: each proposal first passes this
+    :class:`DraftGate` (the caller's, so what it learnt outlives one generation)."""
 
     def __init__(self, gamma: int | str, verify_costs: tuple[float, ...] | None = None,
                  gate: DraftGate | None = None, one_pass: bool = False) -> None:

@@ -46,6 +46,7 @@ class StatsRecorder:
     # speedup then prices a verify pass of γ+1 rows against a plain one-row step, not as equal to it
     verify_costs: tuple[float, ...] | None = None
     switch_note: str | None = None  # auto's MethodGate: what it measured and ran (set by the caller)
+    one_pass: bool = False  # Drafter.drafts_in_one_pass: the predicted speedup counts one draft pass per step
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -79,7 +80,7 @@ class StatsRecorder:
         # c is a draft pass over the verify pass timed here, so the theory's unit is that pass; a plain step is
         # v(γ+1) times cheaper, which the curve, where known, divides out.
         verify_cost = theory.verify_cost_at(self.verify_costs, gamma + 1) if self.verify_costs and gamma else None
-        predicted = (theory.speedup(min(alpha, 1.0), gamma, c) / (verify_cost or 1.0)
+        predicted = (theory.speedup(min(alpha, 1.0), gamma, c, one_pass=self.one_pass) / (verify_cost or 1.0)
                      if alpha is not None and gamma else None)
         return GenerationStats(
             method=self.method, prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_passes=passes, draft_passes=self.draft_passes,

@@ -147,8 +147,8 @@ def test_greedy_dflash_equals_plain_decoding(dflash_gen, gamma):
 
 class _Oracle:
     """A stand-in draft that is often right: slot k's logits are the target's own at the position k after the
-    block's start, along the target's greedy path from the context, plus noise (``noise`` x their spread). It knows the context through
-    ``tokens`` (set by the drafter below); its context cache is a length, as OrtDFlash's."""
+    block's start, along the target's greedy path from the context, plus noise (``noise`` x their spread). It knows
+    the context through ``tokens`` (set by the drafter below); its context cache is a length, as OrtDFlash's."""
 
     def __init__(self, gen, noise: float = 0.3) -> None:
         self.gen, self.noise, self.length, self.tokens = gen, noise, 0, []
