@@ -219,6 +219,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
     from ..measure.report import print_plan
 
     mu_note = measured_at = None
+    one_pass = False
     costs = parse_verify_costs(verify_costs) if verify_costs else None
     if bundle is not None or demo:
         if alpha is not None or c is not None:
@@ -230,7 +231,7 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
         chat = chat_for(gen, chat)
         prompts = read_prompts(prompts_file) if prompts_file else measure_prompts(chat)
         m = measure(gen, prompts, temperature=temperature, chat=chat)
-        alpha, c = m.alpha, m.c
+        alpha, c, one_pass = m.alpha, m.c, m.one_pass
         measured_at = "greedy" if not temperature else f"at T {temperature:g}"
         click.echo(m.describe())
         if costs is None:
@@ -240,9 +241,9 @@ def plan(alpha: float | None, c: float | None, mu: float | None, bundle: str | N
             mu, mu_note = bundle_mu(gen.bundle, gen.manifest, context)
     elif alpha is None or c is None:
         raise click.UsageError("give --alpha and --c, or --bundle to measure them")
-    print_plan(alpha, c, max_gamma, mu, mu_note, costs, measured_at)
+    print_plan(alpha, c, max_gamma, mu, mu_note, costs, measured_at, one_pass)
     if plot_file:
-        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file, costs)}")
+        click.echo(f"wrote {plot(alpha, c, max_gamma, plot_file, costs, one_pass)}")
 
 
 @main.command()

@@ -31,9 +31,10 @@ def parse_verify_costs(text: str) -> tuple[float, ...]:
 
 
 def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
-               verify_costs: tuple[float, ...] | None = None) -> list[PlanRow]:
+               verify_costs: tuple[float, ...] | None = None, one_pass: bool = False) -> list[PlanRow]:
     """One row per γ in [1, max_gamma]. ``mu``: draft / target arithmetic per token for the ops factor
-    [default: c, a time ratio standing in for it]; ``verify_costs``: v(r) (theory.verify_cost_at) [default: 1]."""
+    [default: c, a time ratio standing in for it]; ``verify_costs``: v(r) (theory.verify_cost_at) [default: 1];
+    ``one_pass``: the drafter proposes γ tokens in one pass (DFlash), so a step costs c + v(γ+1)."""
     mu = c if mu is None else mu
     if not 0 <= alpha <= 1:
         raise ConfigError(f"alpha must be in [0, 1], got {alpha}")
@@ -43,8 +44,9 @@ def plan_table(alpha: float, c: float, max_gamma: int = 16, mu: float | None = N
         raise ConfigError(f"mu must be >= 0, got {mu}")
     if not 1 <= max_gamma <= 64:
         raise ConfigError(f"max gamma must be in [1, 64], got {max_gamma}")
-    return [PlanRow(g, theory.expected_tokens(alpha, g), g * c + theory.verify_cost_at(verify_costs, g + 1),
-                    theory.speedup(alpha, g, c, verify_costs), theory.ops_factor(alpha, g, mu))
+    return [PlanRow(g, theory.expected_tokens(alpha, g),
+                    (1 if one_pass else g) * c + theory.verify_cost_at(verify_costs, g + 1),
+                    theory.speedup(alpha, g, c, verify_costs, one_pass), theory.ops_factor(alpha, g, mu))
             for g in range(1, max_gamma + 1)]
 
 
@@ -63,10 +65,12 @@ def stand_in_note(c: float) -> str:
 
 
 def drafting_method(manifest) -> str:
-    """The chain method ``plan`` measures: the bundle's EAGLE-3 head, else its draft model, else prompt lookup
-    (ngram), which every bundle can run."""
+    """The chain method ``plan`` measures: the bundle's EAGLE-3 head, else its DFlash draft, else its draft model,
+    else prompt lookup (ngram), which every bundle can run."""
     if manifest.eagle is not None:
         return "eagle"
+    if manifest.dflash is not None:
+        return "dflash"
     if manifest.draft is not None:
         return "draft"
     return "ngram"
@@ -83,7 +87,7 @@ def bundle_mu(bundle: str | Path, manifest, context: int = 256) -> tuple[float, 
     method = drafting_method(manifest)
     if method == "ngram":
         return 0.0, "μ = 0: prompt lookup drafts by matching the context, with no model arithmetic"
-    drafter = manifest.eagle if method == "eagle" else manifest.draft
+    drafter = {"eagle": manifest.eagle, "dflash": manifest.dflash}.get(method, manifest.draft)
     t, d = roofline.entry_cost(bundle, manifest.target), roofline.entry_cost(bundle, drafter)
     mu = roofline.mu(d, t, drafter.dims, manifest.target.dims, context)
     sources = " and ".join(sorted({t.source, d.source}))
@@ -100,6 +104,13 @@ class Measurement:
     temperature: float
     prompts: int
     method: str = "draft"
+
+    @property
+    def one_pass(self) -> bool:
+        """Whether the method drafts its γ tokens in one pass (Drafter.drafts_in_one_pass: DFlash)."""
+        from ..runtime.drafters import drafter_class
+
+        return drafter_class(self.method).drafts_in_one_pass
 
     def describe(self) -> str:
         return (f"{self.method} measured on {self.prompts} prompts at temperature {self.temperature:g}: "
@@ -127,8 +138,9 @@ def measure(gen, prompts: list[str], temperature: float = 1.0, gamma: int = 4, m
 
 
 def plot(alpha: float, c: float, max_gamma: int, path: str | Path,
-         verify_costs: tuple[float, ...] | None = None) -> Path:
-    """Speedup vs γ at this α for the given c and a few others, as a PNG (needs matplotlib)."""
+         verify_costs: tuple[float, ...] | None = None, one_pass: bool = False) -> Path:
+    """Speedup vs γ at this α for the given c and a few others, as a PNG (needs matplotlib); ``one_pass``: as
+    :func:`plan_table`'s."""
     try:
         import matplotlib
 
@@ -139,9 +151,9 @@ def plot(alpha: float, c: float, max_gamma: int, path: str | Path,
     gammas = list(range(1, max_gamma + 1))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cc in sorted({c, 0.01, 0.05, 0.1, 0.2, 0.5}):
-        ys = [theory.speedup(alpha, g, cc, verify_costs) for g in gammas]
+        ys = [theory.speedup(alpha, g, cc, verify_costs, one_pass) for g in gammas]
         ax.plot(gammas, ys, marker="o", ms=3, lw=2.5 if cc == c else 1, label=f"c = {cc:g}" + (" (yours)" if cc == c else ""))
-    best = theory.optimal_gamma(alpha, c, max_gamma, verify_costs)
+    best = theory.optimal_gamma(alpha, c, max_gamma, verify_costs, one_pass)
     ax.axvline(best, color="grey", ls=":", lw=1)
     ax.axhline(1.0, color="black", lw=0.5)
     ax.set(xlabel="γ (drafted tokens per target pass)", ylabel="speedup over plain decoding",

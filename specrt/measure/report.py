@@ -188,20 +188,21 @@ def print_peers(result: dict, console) -> None:
 
 def print_plan(alpha: float, c: float, max_gamma: int = 16, mu: float | None = None,
                mu_note: str | None = None, verify_costs: tuple[float, ...] | None = None,
-               measured_at: str | None = None) -> None:
+               measured_at: str | None = None, one_pass: bool = False) -> None:
     """``specrt plan``'s table (the optimal γ in bold green), the optimum, the oracle ceiling and where μ
     came from (``mu_note``; without μ, c stands in for it). ``measured_at``: the sampling α was measured at
-    ("greedy", "T 0.7"), for the title."""
+    ("greedy", "T 0.7"), for the title. ``one_pass``: the drafter proposes γ tokens in one pass (DFlash)."""
     from rich.console import Console
     from rich.table import Table
 
     from .plan import oracle_line, plan_table, stand_in_note
 
-    rows = plan_table(alpha, c, max_gamma, mu, verify_costs)
+    rows = plan_table(alpha, c, max_gamma, mu, verify_costs, one_pass)
     best = max(rows, key=lambda r: r.speedup)
     at = f" (measured {measured_at})" if measured_at else ""
     t = Table(title=f"α = {alpha:.3f}{at}, c = {c:.3f}, μ = {c if mu is None else mu:.4f}", title_justify="left")
-    for col in ("γ", "E[tokens/pass]", "cost γc+1" if verify_costs is None else "cost γc+v(γ+1)", "speedup",
+    cost = ("c" if one_pass else "γc") + ("+1" if verify_costs is None else "+v(γ+1)")
+    for col in ("γ", "E[tokens/pass]", f"cost {cost}", "speedup",
                 "ops factor"):
         t.add_column(col, justify="right")
     for r in rows:

@@ -241,3 +241,24 @@ def test_a_kept_prefix_is_read_again_only_where_the_draft_lacks_it(dflash_bundle
     spec = gen.generate(follow, max_new_tokens=12, method="dflash")
     plain = specrt.load(dflash_bundle, threads=1).generate(follow, max_new_tokens=12, method="none")
     assert spec.token_ids == plain.token_ids and spec.stats.reused_tokens > 0
+
+
+def test_a_block_drafter_pays_its_draft_pass_once_per_step():
+    from specrt import theory
+    from specrt.measure.plan import plan_table
+
+    # α 0.6, c 0.3, 7 drafts: a chain pays 7 passes (2.1 + 1), a block one (0.3 + 1)
+    assert theory.speedup(0.6, 7, 0.3, one_pass=True) == pytest.approx(theory.expected_tokens(0.6, 7) / 1.3)
+    assert theory.optimal_gamma(0.6, 0.3, 16, one_pass=True) > theory.optimal_gamma(0.6, 0.3, 16)
+    rows = plan_table(0.6, 0.3, 8, one_pass=True)
+    assert rows[6].relative_cost == pytest.approx(1.3)
+
+
+def test_plan_measures_the_dflash_draft(dflash_bundle):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "--bundle", str(dflash_bundle), "--temperature", "0", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert "dflash measured on" in res.output and "cost c+v(γ+1)" in res.output
