@@ -1,7 +1,7 @@
 """The ``specrt`` command line: parse, call the library, print. Domain errors become one-line messages.
 
-One module per room: ``export`` (make bundles), ``run`` (decode), ``measure`` (measure and check);
-what they share is in ``options``."""
+One module per room: ``export`` (make bundles), ``dflash`` (train DFlash drafts), ``run`` (decode), ``measure``
+(measure and check); what they share is in ``options``."""
 
 from __future__ import annotations
 
@@ -29,4 +29,4 @@ def main() -> None:
 
 
 # Importing a command module registers its commands on main.
-from . import export, measure, run  # noqa: E402,F401
+from . import dflash, export, measure, run  # noqa: E402,F401

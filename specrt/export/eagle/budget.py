@@ -89,13 +89,13 @@ class DataLimits:
         return None if self.until is None else now + HELDOUT_SHARE * max(0.0, self.until - now)
 
 
-def row_bytes(seq_len: int, target_hidden: int, topk: int) -> tuple[int, int]:
+def row_bytes(seq_len: int, target_hidden: int, topk: int, taps: int = 3) -> tuple[int, int]:
     """(bytes one generated sequence holds until it is cached, bytes its cache row takes in memory and on disk),
-    at most: taps fp16 3·H, the final state fp32 H, token and argmax a token while generating; in the cache
-    (``eagle_data.SequenceCache``, padded to seq_len) taps fp16, top-k log-probs fp16 and ids int32, token and
-    argmax int32 a token, and three int32 a row."""
-    return (seq_len * (3 * target_hidden * 2 + target_hidden * 4 + 8),
-            seq_len * (3 * target_hidden * 2 + topk * 6 + 8) + 12)
+    at most: ``taps`` tapped states fp16 H each (EAGLE-3's three; a DFlash draft's one a layer), the final state
+    fp32 H, token and argmax a token while generating; in the cache (``eagle_data.SequenceCache``, padded to
+    seq_len) taps fp16, top-k log-probs fp16 and ids int32, token and argmax int32 a token, and three int32 a row."""
+    return (seq_len * (taps * target_hidden * 2 + target_hidden * 4 + 8),
+            seq_len * (taps * target_hidden * 2 + topk * 6 + 8) + 12)
 
 
 def free_disk(path: Path) -> int:
@@ -107,13 +107,13 @@ def free_disk(path: Path) -> int:
 
 
 def data_limits(limit: TimeLimit | None, cache_dir: Path, seq_len: int, target_hidden: int, topk: int,
-                memory: int | None = None, disk: int | None = None) -> DataLimits:
+                memory: int | None = None, disk: int | None = None, taps: int = 3) -> DataLimits:
     """The run's :class:`DataLimits`: its time limit's deadlines, and as many sequences as fit in ``memory``
     (default: what is available now) while generated and cached at once, and on ``disk`` (default: free at
-    ``cache_dir``) once cached."""
+    ``cache_dir``) once cached, each holding ``taps`` tapped states a token."""
     from ...runtime.backends.onnxruntime import available_memory  # (MemAvailable; None off Linux)
 
-    gen, cached = row_bytes(seq_len, target_hidden, topk)
+    gen, cached = row_bytes(seq_len, target_hidden, topk, taps)
     memory = available_memory() if memory is None else memory
     caps = {"disk": int(DISK_USE * (free_disk(cache_dir) if disk is None else disk)) // cached}
     if memory is not None:

@@ -57,15 +57,15 @@ def at_least(minutes: float) -> float:
     return step * math.ceil(minutes / step - 1e-9)
 
 
-def refuse_below(minutes: float, parts: dict[str, float]) -> None:
+def refuse_below(minutes: float, parts: dict[str, float], who: str = "eagle train") -> None:
     """Raise :class:`TimeLimitTooShortError` when ``minutes`` is below the sum of ``parts`` (seconds by what they
-    pay for), naming each part and the least limit to give."""
+    pay for), naming each part and the least limit to give; ``who``: the command the message names."""
     need = sum(parts.values())
     if 60.0 * minutes >= need:
         return
     said = ", ".join(f"{name} {seconds / 60:.1f} min" if seconds >= 60 else f"{name} {seconds:.0f} s"
                      for name, seconds in parts.items() if seconds >= 0.5)
-    raise TimeLimitTooShortError(f"eagle train: --time-limit {minutes:g} is below the ~{need / 60:.1f} minutes this "
+    raise TimeLimitTooShortError(f"{who}: --time-limit {minutes:g} is below the ~{need / 60:.1f} minutes this "
                                  f"run needs at the least ({said}); give at least {at_least(need / 60):g}")
 
 

@@ -12,18 +12,19 @@ from ..precision import COMPUTES, parse_device
 from .config import DTYPES
 
 
-def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
+def _int(name: str, value: Any, low: int, high: int | None = None, who: str = "eagle train") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"eagle train: {name} must be an integer {bound}, got {value!r}")
+        raise ConfigError(f"{who}: {name} must be an integer {bound}, got {value!r}")
 
 
-def _real(name: str, value: Any, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+def _real(name: str, value: Any, low: float, high: float, *, low_open: bool, high_open: bool,
+          who: str = "eagle train") -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     if not ok:
         span = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ConfigError(f"eagle train: {name} must be a number in {span}, got {value!r}")
+        raise ConfigError(f"{who}: {name} must be a number in {span}, got {value!r}")
 
 
 @dataclass(frozen=True)
