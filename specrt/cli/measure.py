@@ -34,8 +34,9 @@ from .options import (
                    "chat prompts with --chat, else code].")
 @chat_option("Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.")
 @click.option("--methods", help="Comma-separated; must include none [default: none and every method the bundle "
-                               "holds: eagle, draft and tree where it has a head or a draft model, and ngram]. "
-                               "NAME@GAMMA gives one entry its own γ (none,eagle@1,eagle@2,eagle@auto).")
+                               "holds: eagle and eagle-tree, dflash, draft and tree where it has a head, a DFlash "
+                               "draft or a draft model, and ngram]. NAME@GAMMA gives one entry its own γ "
+                               "(none,eagle@1,eagle@2,eagle@auto,dflash@7).")
 @tree_option
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Figures are medians over repeats.")

@@ -297,7 +297,8 @@ def describe(manifest: Manifest) -> str:
             what = (f"EAGLE-3 head ({e.graph} graph{''.join(', ' + v for v in e.variants)}) reading target layers "
                     f"{', '.join(map(str, e.eagle_taps))}, {e.dims.vocab_size} draft ids")
         elif e.kind == "dflash":
-            what = (f"DFlash draft, {e.dims.num_layers} layers, blocks of {e.block_size}, reading target layers "
+            layers = f"{e.dims.num_layers} layer{'s' * (e.dims.num_layers != 1)}"
+            what = (f"DFlash draft, {layers}, blocks of {e.block_size}, reading target layers "
                     f"{', '.join(map(str, e.eagle_taps))}, {e.dims.vocab_size} draft ids")
         else:
             what = f"{e.architecture} ({e.graph} graph), {e.dims.num_layers} layers"

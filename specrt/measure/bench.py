@@ -32,9 +32,10 @@ from .peers import COUNTING, Peer, PeerRun
 
 def default_methods(gen: SpeculativeGenerator) -> tuple[str, ...]:
     """What ``specrt bench`` measures unless told: plain decoding and every method the bundle can run (its
-    EAGLE-3 head; its draft model's chain and tree; prompt lookup, which needs no model), without the tree methods
-    where its graphs are causal only (gqa-static)."""
+    EAGLE-3 head; its DFlash draft; its draft model's chain and tree; prompt lookup, which needs no model), without
+    the tree methods where its graphs are causal only (gqa-static)."""
     methods = (("none",) + (("eagle", "eagle-tree") if gen.manifest.eagle is not None else ())
+               + (("dflash",) if gen.manifest.dflash is not None else ())
                + (("draft", "tree") if gen.manifest.draft is not None else ()) + ("ngram",))
     return tuple(m for m in methods if gen.manifest.runs_trees or not proposes_trees(m))
 

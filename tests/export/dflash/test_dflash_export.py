@@ -115,3 +115,12 @@ def test_a_head_and_a_draft_share_the_targets_taps_and_both_stay_exact(target, t
         plain = gen.generate(prompt, max_new_tokens=20, method="none").token_ids
         for method in ("eagle", "dflash", "eagle"):  # the other's caches stay consistent across switches
             assert gen.generate(prompt, max_new_tokens=20, method=method).token_ids == plain
+
+
+def test_export_says_what_the_draft_is_and_what_auto_runs(target, tmp_path):
+    draft = save_dflash_draft(tmp_path / "draft", target, ids=(2,), block=5, draft_vocab=100)
+    res = CliRunner().invoke(main, ["export", str(target), "--dflash", str(draft), "-o", str(tmp_path / "b"),
+                                    "--quantize", "none", "--no-measure"])
+    assert res.exit_code == 0, res.output
+    assert "dflash: DFlash draft, 1 layer, blocks of 5, reading target layers 3, 100 draft ids" in res.output
+    assert "auto will run dflash (the DFlash draft's block, one pass per step)" in res.output
