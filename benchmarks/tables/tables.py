@@ -43,6 +43,7 @@ def bench_table(data: dict) -> str:
     rows = []
     for name, m in data["methods"].items():
         label = {"draft": f"draft (γ = {cfg['gamma']})", "eagle": f"eagle (γ = {cfg['gamma']})",
+                 "dflash": f"dflash (γ = {cfg['gamma']})",
                  "eagle-tree": f"eagle-tree ({cfg.get('eagle_tree')})",
                  "tree": f"tree ({','.join(map(str, cfg['tree']))})"}.get(name, name)
         base, at, gamma = name.partition("@")  # bench's NAME@GAMMA: one entry's own γ
@@ -149,6 +150,9 @@ table("smollm2-gguf-q41-eagle3-cpu", "side-by-side/smollm2-gguf-q41-eagle3-cpu.j
 table("smollm2-compare-cpu", "side-by-side/smollm2-compare-cpu.json")(one_run)
 table("smollm2-gguf-head-t07-cpu", "side-by-side/smollm2-gguf-head-t07-cpu.json")(bench_table)
 table("smollm2-gguf-nohead-auto-t07-cpu", "side-by-side/smollm2-gguf-nohead-auto-t07-cpu.json")(bench_table)
+for _name in ("demo-dflash-cpu", "demo-dflash-t07-cpu", "smollm2-dflash-q41-cpu", "smollm2-dflash-q41-t07-cpu",
+              "smollm2-dflash-int4-cpu", "smollm2-dflash-fp32-cpu"):
+    table(_name, f"dflash/{_name}.json")(bench_table)
 table("smollm2-gguf-nohead-auto-t1-cpu", "side-by-side/smollm2-gguf-nohead-auto-t1-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-cpu", "eagle/smollm2-eagle3-r3-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-int8-cpu", "eagle/smollm2-eagle3-r3-int8-cpu.json")(bench_table)

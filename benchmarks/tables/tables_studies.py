@@ -98,6 +98,8 @@ table("smollm2-r6-q41-vs-llama-cpu", "side-by-side/smollm2-r6-q41-vs-llama-cpu.j
 table("smollm2-gguf-head-default-cpu", "side-by-side/smollm2-gguf-head-default-cpu.json")(side_by_side)
 table("smollm2-gguf-auto-cpu", "side-by-side/smollm2-gguf-auto-cpu.json")(side_by_side)
 table("smollm2-gguf-auto-t07-cpu", "side-by-side/smollm2-gguf-auto-t07-cpu.json")(side_by_side)
+table("smollm2-gguf-auto-final-cpu", "side-by-side/smollm2-gguf-auto-final-cpu.json")(side_by_side)
+table("smollm2-gguf-auto-final-t07-cpu", "side-by-side/smollm2-gguf-auto-final-t07-cpu.json")(side_by_side)
 
 
 table("smollm2-side-by-side-pruned-xeon-cpu", "side-by-side/smollm2-side-by-side-pruned-xeon-cpu.json")(side_by_side)

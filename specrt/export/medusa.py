@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from .graph.architectures import DecoderWrapper, adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
+from .staging import ordinary_mode
 
 CONFIG_NAME = "medusa_config.json"
 WEIGHTS_NAME = "medusa_heads.safetensors"
@@ -205,6 +206,7 @@ def train_medusa(model: str, data: Path, out: Path, cfg: MedusaTrainConfig = Med
     }
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(out / WEIGHTS_NAME))
+    ordinary_mode(out / WEIGHTS_NAME)
     (out / CONFIG_NAME).write_text(json.dumps(record, indent=2) + "\n")
     return record
 

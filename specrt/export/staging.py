@@ -34,6 +34,14 @@ def staging_folder(out: Path) -> Path:
         raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
 
 
+def ordinary_mode(path: Path) -> None:
+    """Give a written file the mode the user's umask gives new files: safetensors writes its files private (0600),
+    and a head or draft is an ordinary file that others on the machine may read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def publish(tmp: Path, out: Path) -> None:
     """Make the filled staging folder ``out``, replacing what was there."""
     umask = os.umask(0)

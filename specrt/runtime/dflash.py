@@ -30,7 +30,9 @@ from .sampling import SamplingConfig
 class DFlashParts:
     """What a bundle's DFlash draft brings to its drafter (the generator loads them on first use)."""
 
-    runner: object  # backends.ort_dflash.OrtDFlash: one pass per step, the context's K/V cached
+    # backends.ort_dflash.OrtDFlash: one pass per step (run), the context's K/V cached (length, truncate, reset),
+    # its engine seconds since the last reset (forward_s)
+    runner: object
     vocab_map: np.ndarray  # int64 [D_v]: the target id of each draft id, ascending
     block: int  # B: the slots of one pass (the last token, then B - 1 masks)
     mask_id: int  # the target's embedding row that fills the masked slots

@@ -382,7 +382,8 @@ class SpeculativeGenerator:
             yield tail
         if switch is not None:
             state.stats.switch_note = switch.describe(method)
-        state.stats.engine_s = sum(m.forward_s for m in self._models.values())
+        state.stats.engine_s = sum(m.forward_s for m in self._models.values()) + (
+            self._dflash.runner.forward_s if drafter.needs_dflash else 0.0)  # its session runs outside _models
         state.stats.target_copied_bytes = state.target.copied_bytes
         return GenerationResult(tracker.text, tracker.ids, state.stats.finish(), finish)
 
@@ -425,7 +426,7 @@ class SpeculativeGenerator:
         for role, m in self._models.items():
             m.reset(keep if role in used else valid[role])
         if draft is not None:  # its context: positions whose taps a target pass made; the rest is fed again
-            draft.truncate(keep)
+            draft.reset(keep)
         return keep
 
     def _hold(self, tokens: list[int]) -> None:

@@ -130,6 +130,8 @@ def dflash_gen(dflash_bundle):
 
 def test_auto_runs_the_dflash_draft_where_the_bundle_has_one(dflash_gen):
     assert dflash_gen.default_method == "dflash"
+    stats = dflash_gen.generate("def f(x):", max_new_tokens=8).stats
+    assert stats.method == "dflash" and 0 < stats.engine_s < stats.total_s  # the draft's session counted as engine
     m = dflash_gen.manifest
     assert m.dflash.block_size == 4 and m.dflash.eagle_taps == (2, 5) and m.target.eagle_taps == (2, 5)
 
@@ -152,10 +154,14 @@ class _Oracle:
 
     def __init__(self, gen, noise: float = 0.3) -> None:
         self.gen, self.noise, self.length, self.tokens = gen, noise, 0, []
+        self.forward_s = 0.0  # as OrtDFlash's: the generator counts it as engine time
         self.rng = np.random.default_rng(7)
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def reset(self, keep: int = 0) -> None:
+        self.truncate(keep)
 
     def run(self, block, start, context):
         from specrt.runtime.masks import causal_mask

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError, DFlashDraftError
+from ..staging import ordinary_mode
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from .config import DFlashConfig, default_target_layer_ids
 from .train_config import WHO, DFlashTrainConfig
@@ -105,6 +106,7 @@ def save_draft(folder: str | os.PathLike, config: dict, state: dict[str, torch.T
         folder.mkdir(parents=True, exist_ok=True)
         tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
         save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+        ordinary_mode(tmp_weights)
         tmp_config.write_text(json.dumps(config, indent=2) + "\n")
         os.replace(tmp_weights, folder / WEIGHTS_NAME)
         os.replace(tmp_config, folder / CONFIG_NAME)

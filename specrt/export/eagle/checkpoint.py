@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ...errors import EagleHeadError
+from ..staging import ordinary_mode
 from .config import DTYPES, Eagle3Config
 from .head import Eagle3Head
 from .native import native_json, read_native
@@ -253,6 +254,7 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
         folder.mkdir(parents=True, exist_ok=True)
         tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
         save_file(state, str(tmp_weights), metadata={"format": "pt"})
+        ordinary_mode(tmp_weights)
         tmp_config.write_text(config_text)
         os.replace(tmp_weights, folder / WEIGHTS_NAME)
         os.replace(tmp_config, folder / CONFIG_NAME)

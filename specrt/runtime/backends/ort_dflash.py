@@ -46,6 +46,11 @@ class OrtDFlash:
     def truncate(self, length: int) -> None:
         self.cache.truncate(min(length, self.cache.length))
 
+    def reset(self, keep: int = 0) -> None:
+        """A new generation: the context cut to its first ``keep`` positions, the engine time counted afresh."""
+        self.truncate(keep)
+        self.passes, self.forward_s = 0, 0.0
+
     def run(self, block: list[int], start: int, context: np.ndarray) -> np.ndarray:
         """Draft the block ``block`` (slot 0 the last token) at positions start .. start + len(block) - 1, after
         appending ``context`` ([C, tap_width], the target's taps at positions length .. start - 1) to the cache;

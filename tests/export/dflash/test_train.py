@@ -310,3 +310,15 @@ def test_the_cli_trains_and_says_the_next_command(tmp_path):
     cfg, _, vocab_map = read_draft(out)
     assert cfg.block_size == 4 and vocab_map is None  # --draft-vocab 0: the whole vocabulary, no d2t written
     assert not (out / WORK_DIR).exists()
+
+
+def test_written_weights_get_the_mode_the_umask_gives_new_files(trained):
+    """safetensors writes private files (0600); a draft is an ordinary file others on the machine may read."""
+    import os
+    import stat
+
+    out = trained[0]
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask, name
