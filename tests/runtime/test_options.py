@@ -116,8 +116,10 @@ def test_methods_register_from_one_list_and_declare_what_they_need():
 
     assert list(METHODS)[:len(BUILTIN_METHODS)] == [name for name, _ in BUILTIN_METHODS]
     assert CHOICES == ("auto", *METHODS)
-    assert CHOICES[:8] == ("auto", "eagle", "eagle-tree", "draft", "tree", "medusa", "ngram", "none")
+    assert CHOICES[:9] == ("auto", "eagle", "eagle-tree", "dflash", "draft", "tree", "medusa", "ngram", "none")
     assert [n for n, c in METHODS.items() if c.needs_eagle] == ["eagle", "eagle-tree"]
+    assert [n for n, c in METHODS.items() if c.needs_dflash] == ["dflash"]
+    assert [n for n, c in METHODS.items() if c.drafts_in_one_pass] == ["dflash"]
     assert [n for n, c in METHODS.items() if c.needs_draft_model] == ["draft", "tree"]
     assert [n for n, c in METHODS.items() if c.needs_medusa] == ["medusa"]
     assert [n for n, c in METHODS.items() if c.proposes_trees] == ["eagle-tree", "tree", "medusa"]
