@@ -192,6 +192,12 @@ def decoder_io(dims: ModelDims, dtype: str, kind: str = "decoder", tap_width: in
     return inputs, outputs
 
 
+def tap_columns(taps: tuple[int, ...], wanted: tuple[int, ...], width: int) -> list[int]:
+    """The columns of a target's ``eagle_taps`` output (``taps`` side by side, ``width`` each) that hold the layers
+    ``wanted``, in ``wanted``'s order: what a drafter reading some of the taps takes."""
+    return [taps.index(t) * width + j for t in wanted for j in range(width)]
+
+
 def dflash_io(dims: ModelDims, dtype: str, tap_width: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """A DFlash draft's (inputs, outputs): the block, the new context's taps and positions, the context K/V."""
     kv_past = ("batch", "past", dims.num_kv_heads, dims.head_dim)

@@ -237,13 +237,9 @@ def torch_side(job: RoleJob, reporter: Reporter = SilentReporter()) -> tuple:
 
 def _dflash_torch_side(job: RoleJob, model: Any, taps_reference: dict, reporter: Reporter) -> Any:
     """The DFlash draft's graph written beside the target's, its reference computed on the target's own taps."""
-    import numpy as np
-
     from .dflash.graph import GRAPH_FILE, draft_torch_side
 
-    width = model.config.hidden_size
-    columns = np.concatenate([np.arange(job.taps.index(t) * width, (job.taps.index(t) + 1) * width)
-                              for t in job.dflash.taps])
+    columns = C.tap_columns(job.taps, job.dflash.taps, model.config.hidden_size)
     with reporter.step(f"Exporting the DFlash draft {job.dflash.source} (reference in fp32)"):
         return draft_torch_side(job.dflash, model, taps_reference["prefill"][:, columns],
                                 job.path.with_name(GRAPH_FILE), job.options.dtype, opset=job.options.opset,

@@ -16,11 +16,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..bundle import safety
+from ..bundle.contract import tap_columns
 from ..bundle.manifest import Manifest
-from ..errors import BundleError, ConfigError
+from ..errors import ConfigError
 from .cached import CachedModel
-from .eagle import to_target
+from .eagle import read_vocab_map, to_target
 from .proposal import Drafter, DrafterContext, Proposal
 from .rows import LogitRows
 from .sampling import SamplingConfig
@@ -104,24 +104,10 @@ def load_dflash(bundle: Path, manifest: Manifest, target: object, threads: int |
     from .backends.ort_dflash import OrtDFlash
 
     vocab_map = read_vocab_map(bundle, entry.vocab_map, entry.dims.vocab_size, manifest.target.dims.vocab_size)
-    taps, width = manifest.target.eagle_taps, manifest.target.dims.hidden_size
-    order = [taps.index(t) for t in entry.eagle_taps]  # Manifest checked each is among the target's
-    columns = None if order == list(range(len(taps))) else np.concatenate(
-        [np.arange(i * width, (i + 1) * width) for i in order])
+    taps = manifest.target.eagle_taps
+    # Manifest checked each is among the target's; reading all of them in order needs no column copy
+    columns = None if entry.eagle_taps == taps else np.asarray(
+        tap_columns(taps, entry.eagle_taps, manifest.target.dims.hidden_size))
     runner = OrtDFlash(bundle, entry, manifest.max_context, threads)
     return DFlashParts(runner, vocab_map, entry.block_size, entry.mask_token_id, columns)
 
-
-def read_vocab_map(bundle: Path, file: str, size: int, vocab: int) -> np.ndarray:
-    """A drafter's vocabulary map (``file``: int64 [size], strictly ascending target ids in [0, vocab)), checked."""
-    path = bundle / file
-    safety.checked_size(path, 8 * size + 4096, "vocabulary map")  # int64 + the header
-    try:
-        vocab_map = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise BundleError(f"cannot read the vocabulary map {file}: {e}") from None
-    if (vocab_map.shape != (size,) or vocab_map.dtype.kind not in "iu"
-            or (len(vocab_map) > 1 and not (np.diff(vocab_map) > 0).all())
-            or vocab_map[0] < 0 or vocab_map[-1] >= vocab):
-        raise BundleError(f"{file} must hold {size} strictly ascending target ids in [0, {vocab})")
-    return vocab_map.astype(np.int64)

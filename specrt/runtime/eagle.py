@@ -12,12 +12,15 @@ from draft ids to target ids, and verification keeps x with probability min(1, p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
 from .. import theory
 from ..bundle import contract as C
+from ..bundle import safety
+from ..errors import BundleError
 from .cached import CachedModel
 from .dist import Dist
 from .proposal import Drafter, DrafterContext, Proposal
@@ -35,6 +38,21 @@ def to_target(q: Dist, vocab_map: np.ndarray, vocab: int) -> Dist:
     if len(q.ids) == 1:  # greedy rows are points: keep them cheap
         return Dist.point(int(vocab_map[q.ids[0]]), vocab)
     return Dist(vocab_map[q.ids], q.weights, vocab)
+
+
+def read_vocab_map(bundle: Path, file: str, size: int, vocab: int) -> np.ndarray:
+    """A drafter's vocabulary map (``file``: int64 [size], strictly ascending target ids in [0, vocab)), checked."""
+    path = bundle / file
+    safety.checked_size(path, 8 * size + 4096, "vocabulary map")  # int64 + the header
+    try:
+        vocab_map = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise BundleError(f"cannot read the vocabulary map {file}: {e}") from None
+    if (vocab_map.shape != (size,) or vocab_map.dtype.kind not in "iu"
+            or (len(vocab_map) > 1 and not (np.diff(vocab_map) > 0).all())
+            or vocab_map[0] < 0 or vocab_map[-1] >= vocab):
+        raise BundleError(f"{file} must hold {size} strictly ascending target ids in [0, {vocab})")
+    return vocab_map.astype(np.int64)
 
 
 class EagleDrafter(Drafter):

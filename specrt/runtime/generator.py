@@ -21,8 +21,9 @@ from .backends.onnxruntime import share_threads
 from .cached import CachedModel
 from .costs import (CALIBRATION_CONTEXT, CALIBRATION_ROWS, MEASURED_TREE_ROWS, measure_verify_costs,
                     remembered_verify_costs)
-from .dflash import DFlashParts, load_dflash, read_vocab_map
+from .dflash import DFlashParts, load_dflash
 from .drafters import METHODS, NO_DRAFTER, Drafter, DrafterContext, auto_method
+from .eagle import read_vocab_map
 from .gate import GatedStepper, MethodGate
 from .loop import ChainStepper, DecodeState, DraftGate, PlainStepper, TreeStepper, decode
 from .masks import TREES_NEED

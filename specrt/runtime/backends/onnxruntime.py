@@ -253,6 +253,12 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
               "tensor(int32)": "int32", "tensor(bool)": "bool"}
 
 
+def io_problem(session, entry: ModelEntry) -> str | None:
+    """What differs between the session's graph and its manifest entry's inputs and outputs, or None."""
+    types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
+    return C.io_mismatch(entry.io(), types(session.get_inputs()), types(session.get_outputs()))
+
+
 @register_backend("onnxruntime", _ort_available, heads=OrtHeads)
 class OrtDecoder:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, threads: int | None = None, role: str = "target",
@@ -279,8 +285,7 @@ class OrtDecoder:
         self.session, why = open_session(make, graphs and why is None and not on_cpu, why)
         if wrap_session is not None:
             self.session = wrap_session(self.session)
-        types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
-        problem = C.io_mismatch(entry.io(), types(self.session.get_inputs()), types(self.session.get_outputs()))
+        problem = io_problem(self.session, entry)
         if problem:
             if entry.graph == C.GQA_STATIC_GRAPH and f"unexpected {C.ATTENTION_MASK}" in problem:
                 problem += " (a gqa-static graph from before it dropped its mask: export it again)"

@@ -16,7 +16,7 @@ from ...bundle import contract as C
 from ...bundle.manifest import ModelEntry
 from ...errors import BundleError
 from ..kvcache import KVCache
-from .onnxruntime import _ORT_TYPES, _session, run_graph
+from .onnxruntime import _session, io_problem, run_graph
 
 
 class OrtDFlash:
@@ -25,8 +25,7 @@ class OrtDFlash:
     def __init__(self, bundle_dir: Path, entry: ModelEntry, max_context: int, threads: int | None = None) -> None:
         path = Path(bundle_dir) / entry.file
         self.session = _session(path, threads, helper=True)
-        types = lambda args: {a.name: _ORT_TYPES.get(a.type, a.type) for a in args}  # noqa: E731
-        problem = C.io_mismatch(entry.io(), types(self.session.get_inputs()), types(self.session.get_outputs()))
+        problem = io_problem(self.session, entry)
         if problem:
             raise BundleError(f"{entry.file} does not match its manifest entry: {problem}")
         self.entry = entry
