@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from .graph.architectures import DecoderWrapper, adapter_for
 from .loading import load_causal_lm, load_config, load_tokenizer, resolve_source
-from .staging import ordinary_mode
+from .staging import write_weights
 
 CONFIG_NAME = "medusa_config.json"
 WEIGHTS_NAME = "medusa_heads.safetensors"
@@ -152,8 +152,6 @@ def top_k_accuracy(heads: MedusaHeads, batches: list[tuple[torch.Tensor, torch.T
 def train_medusa(model: str, data: Path, out: Path, cfg: MedusaTrainConfig = MedusaTrainConfig(),
                  on_step: Callable[[int, float], None] | None = None) -> dict:
     """Train heads on a frozen target; writes ``out/medusa_heads.safetensors`` + ``medusa_config.json``."""
-    from safetensors.torch import save_file
-
     src = resolve_source(model)
     config = load_config(src)
     target = load_causal_lm(src, "float32")
@@ -204,10 +202,8 @@ def train_medusa(model: str, data: Path, out: Path, cfg: MedusaTrainConfig = Med
         "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
         "accuracies": top_k_accuracy(heads, cal_batches, cfg.topk),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(out / WEIGHTS_NAME))
-    ordinary_mode(out / WEIGHTS_NAME)
-    (out / CONFIG_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    write_weights(out, {k: v.contiguous() for k, v in heads.state_dict().items()}, WEIGHTS_NAME,
+                  json.dumps(record, indent=2) + "\n", CONFIG_NAME)
     return record
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingDivergedError
 
 COMPUTES = ("auto", "float32", "bfloat16")
 
@@ -92,3 +93,18 @@ class _Generating:
 def generating(model: Any, compute: str) -> Any:
     """The target to generate training data with: itself (float32), or ``_Generating`` (bfloat16)."""
     return _Generating(model) if compute == "bfloat16" else model
+
+
+def apply_update(module: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float,
+                 diverged: str, hint: str) -> float:
+    """The update every trainer here makes: backward, the gradient-norm clip at ``grad_clip``, the optimizer's step;
+    returns the loss's value. A loss that is not finite raises ``TrainingDivergedError`` first: "``diverged`` (loss
+    VALUE); ``hint``"."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise TrainingDivergedError(f"{diverged} (loss {value}); {hint}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    opt.step()
+    return value

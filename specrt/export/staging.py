@@ -34,19 +34,31 @@ def staging_folder(out: Path) -> Path:
         raise OutputPathError(f"cannot write to {out.resolve().parent}: {e.strerror}") from None
 
 
-def ordinary_mode(path: Path) -> None:
-    """Give a written file the mode the user's umask gives new files: safetensors writes its files private (0600),
-    and a head or draft is an ordinary file that others on the machine may read."""
+def ordinary_mode(path: Path, base: int = 0o666) -> None:
+    """Give ``path`` the mode the user's umask gives new files (``base`` 0o777 for a folder): safetensors writes its
+    files private (0600) and mkdtemp its folders, but a head, a draft or a bundle is ordinary, for others to read."""
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    os.chmod(path, base & ~umask)
+
+
+def write_weights(folder: Path, tensors: dict, weights_name: str, config_text: str, config_name: str) -> None:
+    """``tensors`` as ``weights_name`` (safetensors) and ``config_text`` as ``config_name`` in ``folder`` (made):
+    each lands by rename, so a failure leaves no half-written file, and with the umask's mode. Raises OSError."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp_weights, tmp_config = folder / (weights_name + ".tmp"), folder / (config_name + ".tmp")
+    save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+    ordinary_mode(tmp_weights)
+    tmp_config.write_text(config_text)
+    os.replace(tmp_weights, folder / weights_name)
+    os.replace(tmp_config, folder / config_name)
 
 
 def publish(tmp: Path, out: Path) -> None:
     """Make the filled staging folder ``out``, replacing what was there."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; a bundle is an ordinary folder
+    ordinary_mode(tmp, 0o777)  # mkdtemp made it private
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

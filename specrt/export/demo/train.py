@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ...errors import ConfigError, OutputPathError, SpecrtError, TrainingDivergedError
+from ...errors import ConfigError, OutputPathError, SpecrtError
+from ..precision import apply_update
 from . import corpus
 from .card import model_card
 from .config import ModelShape, TrainConfig
@@ -172,14 +173,9 @@ def run_phase(name: str, model: torch.nn.Module, steps: int, loss_fn: Callable[[
             t0 = time.perf_counter()
             model.train()
             loss = loss_fn(next(batches))
-            if not torch.isfinite(loss):
-                raise TrainingDivergedError(f"{name} training diverged at step {step} (loss {loss.item()}); lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
+            diverged = f"{name} training diverged at step {step}"
+            window.append(apply_update(model, optimizer, loss, cfg.grad_clip, diverged, "lower --lr"))
             schedule.step()
-            window.append(loss.item())
             train_time += time.perf_counter() - t0
             advance(window[-1])
             if step % cfg.eval_every == 0 or step == steps:

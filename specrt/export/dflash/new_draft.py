@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError, DFlashDraftError
-from ..staging import ordinary_mode
+from ..staging import write_weights
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME
 from .config import DFlashConfig, default_target_layer_ids
 from .train_config import WHO, DFlashTrainConfig
@@ -96,20 +96,12 @@ def save_draft(folder: str | os.PathLike, config: dict, state: dict[str, torch.T
     """Write ``config.json`` (:func:`config_json`) and ``model.safetensors``: the body ``state`` as given, plus ``d2t``
     (int64 [D], speculators' convention: draft id j is target id j + d2t[j]) where the vocabulary is reduced. Each
     file lands by rename: a failure leaves no half-written draft."""
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     if d2t is not None:
         tensors["d2t"] = d2t.to(torch.int64).cpu().contiguous()
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
-        save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
-        ordinary_mode(tmp_weights)
-        tmp_config.write_text(json.dumps(config, indent=2) + "\n")
-        os.replace(tmp_weights, folder / WEIGHTS_NAME)
-        os.replace(tmp_config, folder / CONFIG_NAME)
+        write_weights(folder, tensors, WEIGHTS_NAME, json.dumps(config, indent=2) + "\n", CONFIG_NAME)
     except OSError as e:
         raise DFlashDraftError(f"could not write the DFlash draft to {folder}: {e}") from None
     return folder

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ...bundle.safety import write_atomic
-from ...errors import ConfigError, DFlashDraftError, ModelLoadError, OutputPathError, TrainingDivergedError
+from ...errors import ConfigError, DFlashDraftError, ModelLoadError, OutputPathError
 from ..eagle import budget, forecast as fc
 from ..eagle.budget import TimeLimit, data_limits, padded_tokens, plan_training
 from ..eagle.config import DTYPES
@@ -37,7 +37,7 @@ from ..eagle.data import (BatchSampler, Progress, SequenceCache, data_fingerprin
                           load_or_build, read_documents, save_atomic, target_end_ids)
 from ..eagle.prompts import DRAWS_PER_PROMPT, user_turn
 from ..eagle.record import Data, _device_name, _limit_record, _versions
-from ..precision import compute_context, resolve_compute, resolve_device
+from ..precision import apply_update, compute_context, resolve_compute, resolve_device
 from ..quant.gguf import find_gguf, stage_reused
 from .config import DFlashConfig, check_against_target
 from .losses import Frozen, anchor_generator, block_loss, evaluate, sample_anchors
@@ -269,13 +269,7 @@ def train_step(draft: DFlashDraft, opt: torch.optim.Optimizer, frozen: Frozen, b
     anchors, valid = sample_anchors(batch, cfg.anchors, anchor_generator(cfg.seed, step))
     with compute_context(compute, frozen.embed.device):
         loss, slots = block_loss(draft, frozen, batch, anchors, valid, cfg)
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise TrainingDivergedError(f"{WHO} diverged at step {step + 1} (loss {value}); lower --lr")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
-    opt.step()
+    value = apply_update(draft, opt, loss, cfg.grad_clip, f"{WHO} diverged at step {step + 1}", "lower --lr")
     return value, [float(s.detach()) for s in slots]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ...errors import EagleHeadError
-from ..staging import ordinary_mode
+from ..staging import write_weights
 from .config import DTYPES, Eagle3Config
 from .head import Eagle3Head
 from .native import native_json, read_native
@@ -236,8 +236,6 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
     int64, t2d bool): EAGLE's flat one, or the speculators format for what it cannot describe
     (:func:`config_json`). Everything is checked before anything is written, and each file lands by rename,
     so a failure leaves no half-written head."""
-    from safetensors.torch import save_file
-
     if dtype not in DTYPES:
         raise EagleHeadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if head.cfg != cfg:
@@ -251,13 +249,7 @@ def save_eagle3(path: str | os.PathLike, cfg: Eagle3Config, head: Eagle3Head, d2
 
     folder = Path(path)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp_weights, tmp_config = folder / (WEIGHTS_NAME + ".tmp"), folder / (CONFIG_NAME + ".tmp")
-        save_file(state, str(tmp_weights), metadata={"format": "pt"})
-        ordinary_mode(tmp_weights)
-        tmp_config.write_text(config_text)
-        os.replace(tmp_weights, folder / WEIGHTS_NAME)
-        os.replace(tmp_config, folder / CONFIG_NAME)
+        write_weights(folder, state, WEIGHTS_NAME, config_text, CONFIG_NAME)
     except OSError as e:
         raise EagleHeadError(f"could not write the EAGLE-3 head to {folder}: {e}") from None
     return folder

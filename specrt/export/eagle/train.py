@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ...bundle.safety import write_atomic
-from ...errors import ConfigError, ModelLoadError, OutputPathError, TrainingDivergedError
+from ...errors import ConfigError, ModelLoadError, OutputPathError
 from .config import tap_layers
 from .head import Eagle3Head
 from . import budget, forecast as fc
@@ -55,7 +55,7 @@ from .record import Data, Run, Trained, TrainingRecord, build_record, token_rows
 from .train_config import EagleTrainConfig
 from .ttt import evaluate, ttt_loss
 from ..quant.gguf import find_gguf, stage_reused
-from ..precision import resolve_compute, resolve_device
+from ..precision import apply_update, resolve_compute, resolve_device
 
 RECORD_NAME = "training.json"
 WRITTEN_NAME = "prompts-written.json"  # --self-prompts' prompts
@@ -81,13 +81,7 @@ def train_step(head: Eagle3Head, opt: torch.optim.Optimizer, embed: torch.Tensor
     for group in opt.param_groups:
         group["lr"] = cfg.lr_at(step)
     loss, losses = ttt_loss(head, embed, t2d, batch, cfg, compute)
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise TrainingDivergedError(f"eagle train diverged at step {step + 1} (loss {value}); lower lr")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-    opt.step()
+    apply_update(head, opt, loss, cfg.grad_clip, f"eagle train diverged at step {step + 1}", "lower lr")
     return [float(v.detach()) for v in losses]
 
 
