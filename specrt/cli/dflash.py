@@ -7,7 +7,7 @@ import click
 from ..export.dflash.config import MAX_BLOCK
 from . import main
 from .export import _limits_said
-from .options import torch_side
+from .options import draft_vocab_option, torch_side, training_sequence_options, training_text_options
 
 
 def _layer_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -28,11 +28,7 @@ def dflash() -> None:
 @dflash.command("train")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the draft.")
-@click.option("--data", "data_files", multiple=True, type=click.Path(exists=True),
-              help="Plain text to train on as well (a file or a folder; repeatable) [default: only the target's own "
-                   "replies to the shipped chat, code and prose prompts].")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
-              help="Seed prompts the target continues (JSON list or one per line) [default: the shipped ones].")
+@training_text_options
 @click.option("--self-prompts", type=int, default=0, show_default=True, metavar="N",
               help="The target also writes N user messages itself and answers them (as eagle train's).")
 @click.option("--layers", type=click.IntRange(1, 16), metavar="N",
@@ -43,17 +39,13 @@ def dflash() -> None:
 @click.option("--target-layers", callback=_layer_ids, metavar="I,J,...",
               help="Target layers whose outputs the draft reads (0-based, after the layer) [default: z-lab's rule, "
                    "one per draft layer: the middle one for a single layer].")
-@click.option("--draft-vocab", type=int, default=16384, show_default=True,
-              help="Draft vocabulary: the most frequent target ids in the data (0: the whole vocabulary).")
+@draft_vocab_option
 @click.option("--steps", type=int, default=2000, show_default=True, help="Training steps at most.")
 @click.option("--anchors", type=int, default=32, show_default=True,
               help="Blocks drawn per sequence per step, at random scored positions.")
 @click.option("--gamma", type=click.FloatRange(min=0, min_open=True),
               help="Loss decay over the block: slot k weighs exp(-(k-1)/gamma) [default: 1 + 3B/8, 4 at B=8].")
-@click.option("--sequences", "num_sequences", type=int, default=1000, show_default=True,
-              help="Continuations the target generates from the seed prompts.")
-@click.option("--seq-len", type=int, default=256, show_default=True)
-@click.option("--batch-size", type=int, default=8, show_default=True)
+@training_sequence_options
 @click.option("--lr", type=float, default=6e-4, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in the output folder, if it matches.")

@@ -10,10 +10,13 @@ import click
 from . import main
 from .options import (
     bundle_option,
+    draft_vocab_option,
     force_option,
     parse_bits,
     quantize_layout_options,
     torch_side,
+    training_sequence_options,
+    training_text_options,
 )
 
 
@@ -85,9 +88,10 @@ from .options import (
 @force_option
 def export(model: str, draft: str | None, output: str, platform: str, dtype: str | None, opset: int,
            max_context: int | None, exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None,
-           medusa_nodes: int, eagle: str | None, dflash: str | None, quantize: str | None, block_size: int, head_block_size: int | None,
-           draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
-           quantize_embeddings: bool | None, gguf_blocks: str, measure: bool, force: bool) -> None:
+           medusa_nodes: int, eagle: str | None, dflash: str | None, quantize: str | None, block_size: int,
+           head_block_size: int | None, draft_quantize: int | str | None, eagle_quantize: int | str | None,
+           algorithm: str, kernel: str, quantize_embeddings: bool | None, gguf_blocks: str, measure: bool,
+           force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
@@ -308,23 +312,15 @@ def eagle() -> None:
 @eagle.command("train")
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the head.")
-@click.option("--data", "data_files", multiple=True, type=click.Path(exists=True),
-              help="Plain text to train on as well (a file or a folder; repeatable) [default: only the target's own "
-                   "replies to the shipped chat, code and prose prompts].")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
-              help="Seed prompts the target continues (JSON list or one per line) [default: the shipped ones].")
+@training_text_options
 @click.option("--self-prompts", type=int, default=0, show_default=True, metavar="N",
               help="The target also writes N user messages itself (its chat template cut where a user's message "
                    "begins, sampled on: Magpie) and answers them: data for a model without seed prompts. Listed "
                    "in OUTPUT/prompts-written.json. Raise --sequences with it (continuations are spread over all "
                    "the prompts).")
 @click.option("--steps", type=int, default=1000, show_default=True)
-@click.option("--draft-vocab", type=int, default=16384, show_default=True,
-              help="Draft vocabulary: the most frequent target ids in the data (0: the whole vocabulary).")
-@click.option("--sequences", "num_sequences", type=int, default=1000, show_default=True,
-              help="Continuations the target generates from the seed prompts.")
-@click.option("--seq-len", type=int, default=256, show_default=True)
-@click.option("--batch-size", type=int, default=8, show_default=True)
+@draft_vocab_option
+@training_sequence_options
 @click.option("--ttt-steps", type=int, default=3, show_default=True,
               help="Training-time test: head steps unrolled on its own outputs, as at inference.")
 @click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True,

@@ -46,6 +46,23 @@ def combine(*decorators: Callable) -> Callable:
     return deco
 
 
+# What `eagle train` and `dflash train` both read: the text the target writes from, and its sequences
+training_text_options = combine(
+    click.option("--data", "data_files", multiple=True, type=click.Path(exists=True),
+                 help="Plain text to train on as well (a file or a folder; repeatable) [default: only the target's "
+                      "own replies to the shipped chat, code and prose prompts]."),
+    click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+                 help="Seed prompts the target continues (JSON list or one per line) [default: the shipped ones]."))
+training_sequence_options = combine(
+    click.option("--sequences", "num_sequences", type=int, default=1000, show_default=True,
+                 help="Continuations the target generates from the seed prompts."),
+    click.option("--seq-len", type=int, default=256, show_default=True),
+    click.option("--batch-size", type=int, default=8, show_default=True))
+draft_vocab_option = click.option(
+    "--draft-vocab", type=int, default=16384, show_default=True,
+    help="Draft vocabulary: the most frequent target ids in the data (0: the whole vocabulary).")
+
+
 def checked(check: Callable[[Any], Any]) -> Callable:
     """A click callback that applies the library's own check to an option's value before any bundle loads:
     the same rule as the Python API's, its ConfigError one 'Invalid value for --option' line."""
