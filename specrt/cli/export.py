@@ -67,9 +67,9 @@ from .options import (
 @click.option("--dflash", metavar="DRAFT", type=click.Path(file_okay=False),
               help="DFlash block draft for MODEL, a folder (z-lab's layout: config.json with dflash_config + "
                    "model.safetensors; the speculators dflash format; or `specrt dflash train`'s): adds dflash.onnx "
-                   "(float), which proposes a whole block in one pass, and the target graph outputs the layers it "
+                   "which proposes a whole block in one pass, and the target graph outputs the layers it "
                    "reads (llama, mistral, qwen2, qwen3, phi3 targets). With it, auto runs dflash unless --eagle "
-                   "is given too.")
+                   "is given too. Quantized as the target unless --dflash-quantize says otherwise.")
 @click.option("--quantize", type=click.Choice(["int4", "int8", "none"]),
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits; "
                    "none: float [default: --for's: on a CPU int4, else int8, else float, the first the quality gate "
@@ -90,8 +90,8 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
            max_context: int | None, exporter: str, graph: str, medusa: str | None, medusa_dtype: str | None,
            medusa_nodes: int, eagle: str | None, dflash: str | None, quantize: str | None, block_size: int,
            head_block_size: int | None, draft_quantize: int | str | None, eagle_quantize: int | str | None,
-           algorithm: str, kernel: str, quantize_embeddings: bool | None, gguf_blocks: str, measure: bool,
-           force: bool) -> None:
+           dflash_quantize: int | str | None, algorithm: str, kernel: str, quantize_embeddings: bool | None,
+           gguf_blocks: str, measure: bool, force: bool) -> None:
     """Export MODEL (and --draft) to an ONNX bundle with explicit KV-cache I/O.
 
     MODEL and DRAFT are local Hugging Face folders, hub ids, or llama.cpp GGUF files (or folders holding one):
@@ -126,7 +126,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     gguf = find_gguf(model)
-    proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize))
+    proposer_only = any(bits not in ("same", None) for bits in (draft_quantize, eagle_quantize, dflash_quantize))
     bits = {"int4": 4, "int8": 8}.get(quantize or "")
     requantize = bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft or dflash)))
     choice = choose(platform, dtype=dtype, graph=graph, bits=bits, decided=quantize is not None or proposer_only,
@@ -141,7 +141,7 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
     # A GGUF target keeps its blocks without bits; --draft-quantize none then still means a float draft.
     gguf_target = gguf if draft_quantize is None and not choice.bits else None
     qopts = (QuantizeOptions(choice.bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                             embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
+                             dflash_bits=dflash_quantize, embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
                              kernel=kernel, gguf=(("target", str(gguf_target)),) if gguf_target else ())
              if choice.bits or proposer_only or gguf_target else None)
     manifest = export_pipeline(model, draft, output, options, qopts, RichReporter(), progress=click.echo,
@@ -182,8 +182,9 @@ def _measured_here(manifest, folder: str) -> str:
 @quantize_layout_options()
 @force_option
 def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_block_size: int | None,
-             draft_quantize: int | str | None, eagle_quantize: int | str | None, algorithm: str, kernel: str,
-             quantize_embeddings: bool | None, force: bool) -> None:
+             draft_quantize: int | str | None, eagle_quantize: int | str | None,
+             dflash_quantize: int | str | None, algorithm: str, kernel: str, quantize_embeddings: bool | None,
+             force: bool) -> None:
     """Weight-only int4/int8 copy of an exported BUNDLE (ONNX Runtime's MatMulNBits, or its integer matmul with
     --kernel integer, or whichever of the two runs faster here with --kernel auto; needs onnx, not torch).
 
@@ -203,7 +204,7 @@ def quantize(bundle: str, output: str, bits: int | None, block_size: int, head_b
     from ..export.quant.quantize import QuantizeOptions, describe, quantize_bundle
 
     options = QuantizeOptions(bits, block_size, draft_quantize, force=force, eagle_bits=eagle_quantize,
-                              embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
+                              dflash_bits=dflash_quantize, embeddings=quantize_embeddings, algorithm=algorithm, head_block_size=head_block_size,
                               kernel=kernel)
     manifest = quantize_bundle(bundle, output, options, progress=click.echo)
     click.echo(describe(manifest))

@@ -159,7 +159,7 @@ def export_pipeline(model: str, draft: str | None, output: str | Path, options: 
             manifest = export_bundle(sources["target"], sources["draft"], out, options, reporter, shown=names)
         else:
             quantize = (replace(quantize, gguf=keep) if quantize is not None else
-                        QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, force=options.force, gguf=keep))
+                        QuantizeOptions(bits=None, draft_bits=None, eagle_bits=None, dflash_bits=None, force=options.force, gguf=keep))
             shown = {"bundle": "the float bundle, quantized next", **names}  # not the hidden work folder's path
             export_bundle(sources["target"], sources["draft"], work / "bundle", options, reporter, shown=shown)
             manifest = _quantize_or_fall_back(work / "bundle", out, quantize, fallback, progress)

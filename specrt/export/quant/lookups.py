@@ -79,11 +79,12 @@ def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None,
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     heads = {n.input[1]: n for n in g.node if n.op_type == "MatMulNBits" and len(n.input) == 3}
+    ids = token_ids(model)
     done, nodes = [], []
     for node in g.node:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         # Only the token lookup: a float table gathered by position (a rotary cache) must keep its precision.
-        table = inits.get(node.input[0]) if node.op_type == "Gather" and node.input[1] == C.INPUT_IDS else None
+        table = inits.get(node.input[0]) if node.op_type == "Gather" and node.input[1] in ids else None
         if (table is None or (only is not None and table.name not in only) or axis != 0 or len(table.dims) != 2
                 or table.dims[1] % block_size
                 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
@@ -113,6 +114,19 @@ def quantize_lookups(model, block_size: int, tied: dict[str, str] | None = None,
     if done:
         drop_dead(model)
     return done
+
+
+# Ops that pass token ids through unchanged in value (a DFlash draft's graph selects its batch row first).
+_ID_PASSING = ("Gather", "Squeeze", "Unsqueeze", "Reshape", "Cast", "Identity")
+
+
+def token_ids(model) -> set[str]:
+    """The graph's tensors that hold token ids: ``input_ids`` and what reshaping or selecting from it gives."""
+    ids = {C.INPUT_IDS}
+    for node in model.graph.node:  # topologically sorted, as ONNX requires
+        if node.op_type in _ID_PASSING and node.input and node.input[0] in ids:
+            ids.update(node.output)
+    return ids
 
 
 def _shared_head(heads: dict, inits: dict, table, block_size: int, weight: str | None):

@@ -25,6 +25,7 @@ from ...bundle.manifest import Manifest, load_manifest
 from ...errors import INSTALL_TORCH, ConfigError, QualityGateError, SpecrtError
 from .lookups import head_matmuls, quantize_lookups, tied_heads, untie_lm_head
 from .quality import distribution_parity, head_acceptance
+from ..graph.edit import gemms_to_matmuls
 from ..staging import load_graph, save_graph, staged
 
 BITS = (4, 8)
@@ -36,12 +37,15 @@ MAX_MEAN_KL = {4: 0.1, 8: 0.01}
 ALGORITHMS = ("auto", "rtn", "hqq")
 KERNELS = ("nbits", "integer", "auto")
 MIN_TOP1 = {4: 0.85, 8: 0.95}
+# Graph kinds that only propose (the target verifies what they draft): no distribution gate, and their input
+# tables (copies of the target's) are always int8.
+PROPOSER_KINDS = ("eagle3", "dflash")
 
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    """Bits per role: ``bits`` for the target (None: it stays float), ``draft_bits`` and ``eagle_bits`` each
-    "same" (as the target), None (float) or 4 / 8."""
+    """Bits per role: ``bits`` for the target (None: it stays float), ``draft_bits``, ``eagle_bits`` and
+    ``dflash_bits`` each "same" (as the target), None (float) or 4 / 8."""
 
     bits: int | None = 4
     block_size: int = 32
@@ -68,11 +72,15 @@ class QuantizeOptions:
     # cheap extra rows, row-independent numerics), or "auto": the target's int8 graph made both ways and timed
     # here (specrt.export.quant.kernel_choice), the other roles following it. Lookups and int4 weights stay as they are.
     kernel: str = "nbits"
+    # A DFlash draft's bits, as eagle_bits: a proposer, so no distribution gate (the target verifies its blocks).
+    # Its pass reads the draft vocabulary's LM head rows, a copy of the target's input table, fc and its layers: at
+    # float32 that is 37 MB for SmolLM2-135M's draft, c ~0.3 of a Q4 verify pass.
+    dflash_bits: int | None | str = "same"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ConfigError(f"--kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
-        if self.kernel == "integer" and 4 in (self.bits, self.draft_bits, self.eagle_bits):
+        if self.kernel == "integer" and 4 in (self.bits, self.draft_bits, self.eagle_bits, self.dflash_bits):
             raise ConfigError("--kernel integer is for int8 weights only: give int4 roles --kernel nbits")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
@@ -81,19 +89,18 @@ class QuantizeOptions:
         for size in (self.block_size, self.head_block_size or self.block_size):
             if size not in BLOCK_SIZES:
                 raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {size}")
-        for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits)):
+        for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits), ("dflash", self.dflash_bits)):
             if value not in ("same", None, *BITS):
                 raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
-        if (self.bits is None and self.draft_bits in ("same", None) and self.eagle_bits in ("same", None)
-                and not self.gguf):
-            raise ConfigError("nothing to quantize: the target stays float and so do the draft and the EAGLE-3 head "
-                              "(give --draft-quantize or --eagle-quantize int4/int8)")
+        proposers = (self.draft_bits, self.eagle_bits, self.dflash_bits)
+        if self.bits is None and all(b in ("same", None) for b in proposers) and not self.gguf:
+            raise ConfigError("nothing to quantize: the target stays float and so do the proposers "
+                              "(give --draft-quantize, --eagle-quantize or --dflash-quantize int4/int8)")
 
     def bits_for(self, role: str) -> int | None:
         if self.gguf_for(role) is not None:
             return None
-        # A DFlash draft stays float: its graph (no mask, context K/V out) is not one the gate can run yet
-        own = {"draft": self.draft_bits, "eagle": self.eagle_bits, "dflash": None}.get(role, "same")
+        own = {"draft": self.draft_bits, "eagle": self.eagle_bits, "dflash": self.dflash_bits}.get(role, "same")
         return self.bits if own == "same" else own  # type: ignore[return-value]
 
     def gguf_for(self, role: str) -> Path | None:
@@ -123,6 +130,7 @@ def quantize_graph(path: Path, out: Path, bits: int, block_size: int, accuracy_l
     model = load_graph(path)
     if any(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in model.graph.node):
         raise ConfigError(f"{path.name} is already quantized")
+    gemms_to_matmuls(model)  # torch's linear on 2-D rows (a DFlash draft's graph) exports Gemm; quantizers read MatMul
     untied = untie_lm_head(model)
     before = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     if kernel == "integer":  # its lookups share no bytes with the head: no need to find the tied tables
@@ -211,7 +219,7 @@ def candidates(options: QuantizeOptions, role: str, kind: str = "decoder") -> li
     algorithm = ("hqq" if _has_torch() else "rtn") if options.algorithm == "auto" else options.algorithm
     if bits != 4:
         algorithm = "rtn"  # int8 weights are always round-to-nearest
-    lookups = ([True, False] if options.embeddings is None and kind != "eagle3" and options.gguf_for(role) is None
+    lookups = ([True, False] if options.embeddings is None and kind not in PROPOSER_KINDS and options.gguf_for(role) is None
                else [bool(options.embeddings)])
     return [replace(options, algorithm=algorithm, embeddings=e) for e in lookups]
 
@@ -225,7 +233,7 @@ def _quantize_gated(src: Path, tmp: Path, manifest: Manifest, role: str, options
     tries = candidates(options, role, entry.kind)
     for i, cand in enumerate(tries):
         record, chosen, bits = _quantize_model(src, tmp, manifest, role, cand, kernel, progress)
-        if entry.kind == "eagle3":
+        if entry.kind in PROPOSER_KINDS:
             return record, chosen
         say(f"{role}: checking int{bits}{' with int8 lookups' if cand.embeddings else ''} against the float graph")
         try:
@@ -276,7 +284,7 @@ def _quantize_model(src: Path, tmp: Path, manifest: Manifest, role: str, options
 
     def write(out: Path, how: str) -> dict:
         return quantize_graph(src / entry.file, out, bits, options.block_size, options.accuracy_level,
-                              lookups=options.embeddings or entry.kind == "eagle3", algorithm=options.algorithm,
+                              lookups=options.embeddings or entry.kind in PROPOSER_KINDS, algorithm=options.algorithm,
                               head_block_size=options.head_block_size, kernel=how if bits == 8 else "nbits")
 
     if not timed:

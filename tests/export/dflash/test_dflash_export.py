@@ -124,3 +124,39 @@ def test_export_says_what_the_draft_is_and_what_auto_runs(target, tmp_path):
     assert res.exit_code == 0, res.output
     assert "dflash: DFlash draft, 1 layer, blocks of 5, reading target layers 3, 100 draft ids" in res.output
     assert "auto will run dflash (the DFlash draft's block, one pass per step)" in res.output
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(target, tmp_path, bits):
+    """--dflash-quantize: the draft graph's linears (Gemm on its 2-D rows) and its input table are quantized, its
+    logits stay close to the float draft's on the same context, and the target's output is unchanged."""
+    import onnx
+
+    import specrt
+    from specrt.bundle.manifest import load_manifest
+    from specrt.export.exporter import ExportOptions, export_bundle
+    from specrt.export.quant.quantize import QuantizeOptions, quantize_bundle
+    from specrt.runtime.backends.ort_dflash import OrtDFlash
+
+    draft = save_dflash_draft(tmp_path / "draft", target, ids=(1, 3), block=4, draft_vocab=100)
+    export_bundle(str(target), None, tmp_path / "float", ExportOptions(dflash=str(draft)))
+    quantize_bundle(tmp_path / "float", tmp_path / "q", QuantizeOptions(bits=None, dflash_bits=bits))
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "dflash.onnx")).graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "Gemm" not in ops
+    record = load_manifest(tmp_path / "q").models["dflash"].quantization
+    assert record["bits"] == bits and len(record["quantized_matmuls"]) == 11  # fc, 7 in the layer, LM head rows
+    assert record["bytes_after"] < 0.6 * record["bytes_before"] and "parity" not in record  # a proposer: no gate
+
+    logits = []
+    for name in ("float", "q"):
+        manifest = load_manifest(tmp_path / name)
+        runner = OrtDFlash(tmp_path / name, manifest.dflash, 64, threads=1)
+        context = np.random.default_rng(0).standard_normal((6, manifest.dflash.tap_width)).astype(np.float32)
+        logits.append(runner.run([5, 7, 7, 7], 6, context))
+    spread = logits[0].std(axis=-1, keepdims=True)
+    assert np.abs(logits[1] - logits[0]).max() / spread.min() < (0.1 if bits == 8 else 0.5)
+    assert (logits[1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.75
+
+    gen = specrt.load(tmp_path / "q", threads=1)
+    plain = gen.generate("def f(x):", max_new_tokens=20, method="none").token_ids
+    assert gen.generate("def f(x):", max_new_tokens=20, method="dflash").token_ids == plain
