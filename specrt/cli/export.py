@@ -68,8 +68,8 @@ from .options import (
               help="DFlash block draft for MODEL, a folder (z-lab's layout: config.json with dflash_config + "
                    "model.safetensors; the speculators dflash format; or `specrt dflash train`'s): adds dflash.onnx "
                    "which proposes a whole block in one pass, and the target graph outputs the layers it "
-                   "reads (llama, mistral, qwen2, qwen3, phi3 targets). With it, auto runs dflash unless --eagle "
-                   "is given too. Quantized as the target unless --dflash-quantize says otherwise.")
+                   "reads (llama, mistral, qwen2, qwen3, phi3 targets). With another drafter too, auto runs "
+                   "whichever --measure finds faster (without it: an EAGLE-3 head, then this draft, then --draft). Quantized as the target unless --dflash-quantize says otherwise.")
 @click.option("--quantize", type=click.Choice(["int4", "int8", "none"]),
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits; "
                    "none: float [default: --for's: on a CPU int4, else int8, else float, the first the quality gate "
@@ -83,7 +83,8 @@ from .options import (
                    "requantized).")
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="After writing, time auto against plain decoding on 4 prompts, greedy and at T 0.7, and say "
-                   "what it gained here (a few seconds on a small model).")
+                   "what it gained here (a few seconds on a small model). A bundle with several drafters (--eagle, "
+                   "--dflash, --draft) has each timed first, and auto runs the fastest (recorded in specrt.json).")
 @quantize_layout_options(" (when anything is quantized)")
 @force_option
 def export(model: str, draft: str | None, output: str, platform: str, dtype: str | None, opset: int,
@@ -150,6 +151,8 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
     manifest.write(Path(output))
     click.echo(describe(manifest))
     click.echo(f"done: {output} (max context {manifest.max_context})")
+    if measure:
+        manifest = _choose_drafter(manifest, output)
     click.echo(next_steps(manifest, output))
     note = gguf_verify_note(manifest, output, model)
     if note:
@@ -161,14 +164,31 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
 QUICK_PROMPTS, QUICK_TOKENS = 4, 48
 
 
+def _quick_prompts(manifest) -> tuple[list[str], bool]:
+    from ..data import prompts
+
+    chat = manifest.tokenizer.chat_template is not None
+    return (prompts("chat")[-QUICK_PROMPTS:] if chat else prompts("code")[:QUICK_PROMPTS]), chat
+
+
+def _choose_drafter(manifest, folder: str):
+    """With several drafters in the bundle, the one auto runs, timed here (measure.quick.choose_drafter)."""
+    from ..measure.quick import choose_drafter, describe_choice
+
+    texts, chat = _quick_prompts(manifest)
+    chosen = choose_drafter(folder, manifest, texts, chat, QUICK_TOKENS,
+                            on_progress=lambda msg: click.echo(msg + " ...", err=True))
+    if "auto" in chosen.chosen:
+        click.echo(describe_choice(chosen.chosen["auto"]))
+    return chosen
+
+
 def _measured_here(manifest, folder: str) -> str:
     """export's last line: what auto gained over plain decoding on this machine (measure.quick)."""
-    from ..data import prompts
     from ..measure.quick import describe_readings, quick_speedup
     from ..runtime.generator import SpeculativeGenerator
 
-    chat = manifest.tokenizer.chat_template is not None
-    texts = prompts("chat")[-QUICK_PROMPTS:] if chat else prompts("code")[:QUICK_PROMPTS]
+    texts, chat = _quick_prompts(manifest)
     readings = quick_speedup(SpeculativeGenerator(folder), texts, chat, QUICK_TOKENS,
                              on_progress=lambda msg: click.echo(msg + " ...", err=True))
     return describe_readings(readings, len(texts), QUICK_TOKENS, folder)

@@ -234,8 +234,7 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
     next; a bundle without a drafter is told plainly that prompt lookup rarely speeds up a sampled reply."""
     from ..runtime.drafters import auto_method
 
-    method = auto_method(manifest.eagle is not None, "draft" in manifest.models, manifest.runs_trees,
-                         manifest.dflash is not None)
+    method = auto_method(manifest)
     bench = f"next: specrt bench --bundle {folder} --methods none,{method}"
     if method == "ngram":
         return ("auto will run ngram (prompt lookup): the bundle has no draft model or EAGLE-3 head. It pays where a "

@@ -10,6 +10,7 @@ from typing import Callable, ClassVar
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..bundle.manifest import Manifest
 from .cached import CachedModel
 from .dist import Dist
 from .dflash import DFlashDrafter
@@ -48,15 +49,24 @@ NO_DRAFTER = ("no drafter in this bundle: auto runs prompt lookup (ngram), which
               "MODEL -o HEAD, then specrt export MODEL --eagle HEAD (docs/eagle.md)")
 
 
-def auto_method(has_eagle: bool, has_draft: bool, trees: bool = True, has_dflash: bool = False) -> str:
-    """What ``--method auto`` runs on a bundle: its EAGLE-3 head's dynamic tree (its chain where the bundle runs no
-    trees: ``trees`` False, Manifest.runs_trees), else its DFlash draft's block, else its draft model's chain, else
-    prompt lookup, which needs no model (the one rule: the generator and ``specrt export``'s closing line read it)."""
-    if has_eagle:
-        return "eagle-tree" if trees else "eagle"
-    if has_dflash:
-        return "dflash"
-    return "draft" if has_draft else "ngram"
+def auto_candidates(manifest: Manifest) -> list[str]:
+    """The drafting methods ``manifest``'s bundle holds, in ``auto``'s order where nothing was measured: its EAGLE-3
+    head's dynamic tree (its chain where the bundle runs no trees, Manifest.runs_trees), its DFlash draft's block,
+    its draft model's chain."""
+    methods = ["eagle-tree" if manifest.runs_trees else "eagle"] if manifest.eagle is not None else []
+    return methods + (["dflash"] if manifest.dflash is not None else []) + (["draft"] if manifest.draft is not None else [])
+
+
+def auto_method(manifest: Manifest) -> str:
+    """What ``--method auto`` runs on a bundle: the drafter ``specrt export`` measured fastest on its machine where
+    the bundle holds several (``Manifest.chosen["auto"]``, :mod:`specrt.measure.quick`), else the first of
+    :func:`auto_candidates`, else prompt lookup, which needs no model (the one rule: the generator and ``specrt
+    export``'s closing line read it)."""
+    candidates = auto_candidates(manifest)
+    measured = manifest.chosen.get("auto")
+    if isinstance(measured, dict) and measured.get("method") in candidates:
+        return measured["method"]
+    return candidates[0] if candidates else "ngram"
 
 
 def proposes_trees(method: str) -> bool:

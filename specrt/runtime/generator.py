@@ -252,13 +252,13 @@ class SpeculativeGenerator:
 
     @property
     def default_method(self) -> str:
-        """What ``method="auto"`` runs: the best this bundle holds: its EAGLE-3 head's dynamic tree (sized by
+        """What ``method="auto"`` runs: the best this bundle holds (runtime.drafters.auto_method): the drafter
+        ``specrt export`` measured fastest where it holds several, else its EAGLE-3 head's dynamic tree (sized by
         what this backend's rows and head passes cost, it is never much worse than the head's chain and beat it
         greedy and sampled, fp32 and int8, on SmolLM2: docs/performance/smollm2-eagle3-cpu.md; its chain where the
-        bundle's graphs are causal only, Manifest.runs_trees), else a draft model's chain, else prompt lookup (no
-        model; exact, and never slower than plain decoding by more than its lookup)."""
-        return auto_method(self.manifest.eagle is not None, "draft" in self._models, self.manifest.runs_trees,
-                           self.manifest.dflash is not None)
+        bundle's graphs are causal only, Manifest.runs_trees), else its DFlash draft, else a draft model's chain,
+        else prompt lookup (no model; exact, and never slower than plain decoding by more than its lookup)."""
+        return auto_method(self.manifest)
 
     @property
     def drafter_note(self) -> str | None:

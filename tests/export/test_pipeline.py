@@ -51,3 +51,18 @@ def test_the_export_says_what_auto_runs_and_what_to_do_next(bundles, eagle_bundl
     assert next_steps(static, "s").startswith("auto will run eagle (the EAGLE-3 head's chain")
     for bundle, method in ((bundles["llama"], "draft"), (eagle_bundle, "eagle-tree")):
         assert specrt.load(bundle, threads=1).default_method == method
+
+
+def test_auto_runs_the_drafter_export_measured_fastest_and_only_one_the_bundle_holds(bundles):
+    """Manifest.chosen["auto"] (export's timing of several drafters) decides auto; a record naming a drafter the
+    bundle lacks, or no method at all, falls back to the static order."""
+    from dataclasses import replace
+
+    from specrt.runtime.drafters import auto_candidates, auto_method
+
+    pair = load_manifest(bundles["llama"])
+    assert auto_candidates(pair) == ["draft"] and auto_method(pair) == "draft"
+    for record in ({"method": "dflash"}, {"method": 3}, "draft", {}):
+        assert auto_method(replace(pair, chosen={"auto": record})) == "draft"
+    alone = replace(pair, models={"target": pair.models["target"]})
+    assert auto_method(replace(alone, chosen={"auto": {"method": "draft"}})) == "ngram"

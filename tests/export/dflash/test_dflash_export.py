@@ -160,3 +160,24 @@ def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(targ
     gen = specrt.load(tmp_path / "q", threads=1)
     plain = gen.generate("def f(x):", max_new_tokens=20, method="none").token_ids
     assert gen.generate("def f(x):", max_new_tokens=20, method="dflash").token_ids == plain
+
+
+def test_export_times_each_drafter_and_auto_runs_the_fastest(target, tmp_path):
+    """With a draft model and a DFlash draft, export's --measure times both here and records the faster for auto."""
+    import specrt
+    from specrt.bundle.manifest import load_manifest
+
+    draft = save_dflash_draft(tmp_path / "draft", target, ids=(2,), block=4)
+    small = save_model(tmp_path / "small", "llama", seed=5, layers=1, hidden=32, tokenizer=make_tokenizer())
+    res = CliRunner().invoke(main, ["export", str(target), "--draft", str(small), "--dflash", str(draft),
+                                    "-o", str(tmp_path / "b"), "--quantize", "none"])
+    assert res.exit_code == 0, res.output
+    record = load_manifest(tmp_path / "b").chosen["auto"]
+    rates = record["tokens_per_s"]
+    assert set(rates) == {"dflash", "draft"} and all(set(r) == {"0", "0.7"} and min(r.values()) > 0
+                                                      for r in rates.values())
+    score = {m: (r["0"] * r["0.7"]) ** 0.5 for m, r in rates.items()}
+    assert record["method"] == max(score, key=score.get)  # rounding aside, the faster by the geometric mean
+    assert f"auto will run {record['method']}, the fastest drafter measured here" in res.output
+    assert f"auto will run {record['method']} (" in res.output  # the next-steps line agrees
+    assert specrt.load(tmp_path / "b", threads=1).default_method == record["method"]
