@@ -152,7 +152,8 @@ table("smollm2-gguf-head-t07-cpu", "side-by-side/smollm2-gguf-head-t07-cpu.json"
 table("smollm2-gguf-nohead-auto-t07-cpu", "side-by-side/smollm2-gguf-nohead-auto-t07-cpu.json")(bench_table)
 for _name in ("demo-dflash-cpu", "demo-dflash-t07-cpu", "smollm2-dflash-q41-cpu", "smollm2-dflash-q41-t07-cpu",
               "smollm2-dflash-int4-cpu", "smollm2-dflash-fp32-cpu", "smollm2-dflash-int4-qdraft-cpu",
-              "smollm2-dflash-int4-fdraft-cpu", "smollm2-dflash-q41-int8draft-cpu"):
+              "smollm2-dflash-int4-fdraft-cpu", "smollm2-dflash-q41-int8draft-cpu", "demo-dflash-code-cpu",
+              "demo-dflash-code-t07-cpu"):
     table(_name, f"dflash/{_name}.json")(bench_table)
 table("smollm2-gguf-nohead-auto-t1-cpu", "side-by-side/smollm2-gguf-nohead-auto-t1-cpu.json")(bench_table)
 table("smollm2-eagle3-r3-cpu", "eagle/smollm2-eagle3-r3-cpu.json")(bench_table)

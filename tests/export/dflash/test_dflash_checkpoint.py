@@ -314,3 +314,19 @@ def test_the_block_is_not_causal_and_the_context_enters_through_its_keys(cfg, st
         alone = draft(block, positions, empty, empty)
         assert ((alone - base).abs().amax(-1) > 1e-3).all()
     refused("given context K/V for 1", draft, block, positions, empty[:1], empty[:1])
+
+
+def test_the_committed_demo_draft_fits_the_demo_target():
+    """benchmarks/heads/demo-target-dflash, which the docs tell users to export with the demo target, reads and
+    passes every check against it (width, vocabulary, layer ids, block, mask token)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from specrt.export.dflash.graph import read_dflash
+
+    root = Path(__file__).resolve().parents[3]
+    info = read_dflash(root / "benchmarks" / "heads" / "demo-target-dflash",
+                       AutoConfig.from_pretrained(root / "demo" / "hf" / "target"))
+    assert info.config.block_size == 8 and info.config.num_layers == 1 and info.vocab_map is None
+    assert info.taps == (5,)  # after target layer 4: the state entering layer 5
