@@ -145,14 +145,18 @@ def _shared_head(heads: dict, inits: dict, table, block_size: int, weight: str |
     data, scales = head.input[1], head.input[2]
 
     def lookup(node):
-        out, blocks = node.output[0], hidden // block_size
+        out, ids, blocks = node.output[0], node.input[1], hidden // block_size
         shape = lambda name, dims: numpy_helper.from_array(np.array(dims, np.int64), name)  # noqa: E731
         graph_inits = [shape(f"{data}.lookup_scale_shape", [vocab, blocks, 1]),
-                       shape(f"{data}.lookup_out_shape", [0, 0, hidden])]
+                       shape(f"{data}.lookup_hidden", [hidden])]
+        # The rows come out [*ids' shape, H/b, b]: back to [*ids' shape, H], whatever the ids' rank (a decoder's
+        # [batch, T], a DFlash draft's [Q]).
         nodes = [helper.make_node("Reshape", [scales, graph_inits[0].name], [f"{scales}.lookup"]),
-                 helper.make_node("GatherBlockQuantized", [data, node.input[1], f"{scales}.lookup"], [f"{out}.blocks"],
+                 helper.make_node("GatherBlockQuantized", [data, ids, f"{scales}.lookup"], [f"{out}.blocks"],
                                   domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=block_size, bits=8),
-                 helper.make_node("Reshape", [f"{out}.blocks", graph_inits[1].name], [out], name=node.name)]
+                 helper.make_node("Shape", [ids], [f"{out}.ids_shape"]),
+                 helper.make_node("Concat", [f"{out}.ids_shape", graph_inits[1].name], [f"{out}.shape"], axis=0),
+                 helper.make_node("Reshape", [f"{out}.blocks", f"{out}.shape"], [out], name=node.name)]
         return graph_inits, nodes
 
     return lookup

@@ -129,7 +129,8 @@ def test_export_says_what_the_draft_is_and_what_auto_runs(target, tmp_path):
 @pytest.mark.parametrize("bits", [8, 4])
 def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(target, tmp_path, bits):
     """--dflash-quantize: the draft graph's linears (Gemm on its 2-D rows) and its input table are quantized, its
-    logits stay close to the float draft's on the same context, and the target's output is unchanged."""
+    logits stay close to the float draft's on the same context, and the target's output is unchanged (a tied head's
+    shared lookup: tests/export/quant/test_lookups.py)."""
     import onnx
 
     import specrt
