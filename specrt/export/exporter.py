@@ -243,7 +243,7 @@ def _dflash_torch_side(job: RoleJob, model: Any, taps_reference: dict, reporter:
     with reporter.step(f"Exporting the DFlash draft {job.dflash.source} (reference in fp32)"):
         return draft_torch_side(job.dflash, model, taps_reference["prefill"][:, columns],
                                 job.path.with_name(GRAPH_FILE), job.options.dtype, opset=job.options.opset,
-                                exporter=job.options.exporter)
+                                exporter=job.options.exporter, fused=job.fused, positions=job.max_context)
 
 
 @dataclass

@@ -111,8 +111,10 @@ def tables(target_model: nn.Module, vocab_map: np.ndarray | None) -> tuple[torch
 
 
 def export_dflash_draft(draft: DFlashDraft, embedding: torch.Tensor, lm_head: torch.Tensor, path: Path, dtype: str,
-                        *, opset: int = 18, exporter: str = "dynamo") -> C.ModelDims:
-    """Write the draft's graph to ``path`` (contract kind "dflash") in ``dtype``; returns its dims."""
+                        *, opset: int = 18, exporter: str = "dynamo", fused: bool = False,
+                        positions: int = 0) -> C.ModelDims:
+    """Write the draft's graph to ``path`` (contract kind "dflash") in ``dtype``; returns its dims. ``fused``: single
+    norm / rotary / attention nodes (.fused), whose rotary tables hold ``positions`` rows (the max context)."""
     from ..graph.trace import trace_module
 
     torch_dtype = getattr(torch, dtype)
@@ -121,7 +123,13 @@ def export_dflash_draft(draft: DFlashDraft, embedding: torch.Tensor, lm_head: to
     copy.load_state_dict(draft.state_dict())
     tied = lm_head is embedding
     table = embedding.to(torch_dtype)
-    wrapper = DraftWrapper(copy.eval(), table, table if tied else lm_head.to(torch_dtype))
+    head = table if tied else lm_head.to(torch_dtype)
+    if fused:
+        from .fused import FusedDraftWrapper
+
+        wrapper: nn.Module = FusedDraftWrapper(copy.eval(), table, head, positions)
+    else:
+        wrapper = DraftWrapper(copy.eval(), table, head)
     dims = draft_dims(cfg, lm_head.shape[0])
     ins, outs = C.dflash_io(dims, dtype, cfg.feature_width)
     ids = torch.zeros(1, TRACE_Q, dtype=torch.int64)
@@ -130,7 +138,7 @@ def export_dflash_draft(draft: DFlashDraft, embedding: torch.Tensor, lm_head: to
     ctx_pos = torch.arange(TRACE_P, TRACE_P + TRACE_C)[None]
     past = tuple(torch.zeros(1, TRACE_P, cfg.num_kv_heads, cfg.head_dim, dtype=torch_dtype)
                  for _ in range(2 * cfg.num_layers))
-    trace_module(wrapper, (ids, pos, ctx, ctx_pos, past), ins, outs, path, opset, exporter, False)
+    trace_module(wrapper, (ids, pos, ctx, ctx_pos, past), ins, outs, path, opset, exporter, fused)
     return dims
 
 
@@ -231,15 +239,16 @@ class DraftExport:
 
 
 def draft_torch_side(info: DraftInfo, target_model: nn.Module, taps: np.ndarray, path: Path, dtype: str, *,
-                     opset: int, exporter: str) -> DraftExport:
+                     opset: int, exporter: str, fused: bool = False, positions: int = 0) -> DraftExport:
     """Load the draft, compute its fp32 reference on the target's own ``taps`` ([T, width], its columns), write
-    its graph to ``path``."""
+    its graph to ``path`` (``fused``, ``positions``: as :func:`export_dflash_draft`)."""
     cfg, state, _ = read_draft(info.source)
     draft = DFlashDraft.from_state(cfg, state)
     embedding, lm_head = tables(target_model, info.vocab_map)
     cases = DraftCases.build(taps, cfg.block_size, cfg.mask_token_id, cfg.vocab_size, dtype)
     reference = reference_draft(draft, embedding, lm_head, cases)
-    dims = export_dflash_draft(draft, embedding, lm_head, path, dtype, opset=opset, exporter=exporter)
+    dims = export_dflash_draft(draft, embedding, lm_head, path, dtype, opset=opset, exporter=exporter, fused=fused,
+                               positions=positions)
     vocab_map = info.vocab_map if info.vocab_map is not None else np.arange(cfg.vocab_size, dtype=np.int64)
     return DraftExport(dims=dims, reference=reference, cases=cases, vocab_map=vocab_map.astype(np.int64))
 

@@ -76,10 +76,12 @@ def test_method_dflash_on_a_bundle_without_one_is_one_line(llama_bundle):
     assert "needs a DFlash draft and this bundle has none" in res.output
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_draft_graph_computes_the_reference_step_and_its_context_cache(tmp_path, dtype):
+@pytest.mark.parametrize("dtype, fused", [("float32", False), ("float16", False), ("float32", True),
+                                          ("float16", True)])
+def test_the_draft_graph_computes_the_reference_step_and_its_context_cache(tmp_path, dtype, fused):
     """Two passes as the runtime makes them (a prompt's context, then two rows more over the first's K/V); a
-    reduced draft vocabulary's LM head is the target's rows, an untied head its own table."""
+    reduced draft vocabulary's LM head is the target's rows, an untied head its own table. The fused graph (single
+    norm, rotary and attention nodes, packed projections) computes the same."""
     raw = {"architectures": ["DFlashDraftModel"], "block_size": 5, "num_target_layers": 6,
            "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 3]}, "hidden_size": 32,
            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -88,14 +90,22 @@ def test_the_draft_graph_computes_the_reference_step_and_its_context_cache(tmp_p
     cfg = DFlashConfig.from_json(raw, "test")
     torch.manual_seed(0)
     draft = DFlashDraft(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so a norm read from the wrong module shows
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
     embedding, head = torch.randn(50, 32), torch.randn(50, 32)
     lm_head = head[torch.tensor([1, 4, 7, 20, 33, 49])]
     taps = np.random.default_rng(0).normal(size=(9, cfg.feature_width)).astype(np.float32)
     cases = DraftCases.build(taps, cfg.block_size, cfg.mask_token_id, cfg.vocab_size, dtype)
     reference = reference_draft(draft, embedding, lm_head, cases)
-    dims = export_dflash_draft(draft, embedding, lm_head, tmp_path / "d.onnx", dtype)
+    dims = export_dflash_draft(draft, embedding, lm_head, tmp_path / "d.onnx", dtype, fused=fused, positions=64)
     figures = check_draft_parity(reference, cases, tmp_path / "d.onnx", dims, dtype)
     assert set(figures) == {"first", "step"} and all(f["top1"] == 1.0 for f in figures.values())
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "d.onnx")).graph.node]
+    assert ("Attention" in ops and "RotaryEmbedding" in ops and "Pow" not in ops) == fused
     assert reference["first"].shape == (4, 6)  # slots 1..4 over the 6 draft ids
 
 
@@ -126,8 +136,8 @@ def test_export_says_what_the_draft_is_and_what_auto_runs(target, tmp_path):
     assert "auto will run dflash (the DFlash draft's block, one pass per step)" in res.output
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(target, tmp_path, bits):
+@pytest.mark.parametrize("bits, graph", [(8, "auto"), (4, "auto"), (8, "portable")])
+def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(target, tmp_path, bits, graph):
     """--dflash-quantize: the draft graph's linears (Gemm on its 2-D rows) and its input table are quantized, its
     logits stay close to the float draft's on the same context, and the target's output is unchanged (a tied head's
     shared lookup: tests/export/quant/test_lookups.py)."""
@@ -140,12 +150,18 @@ def test_a_quantized_draft_proposes_what_the_float_one_does_and_stays_exact(targ
     from specrt.runtime.backends.ort_dflash import OrtDFlash
 
     draft = save_dflash_draft(tmp_path / "draft", target, ids=(1, 3), block=4, draft_vocab=100)
-    export_bundle(str(target), None, tmp_path / "float", ExportOptions(dflash=str(draft)))
+    export_bundle(str(target), None, tmp_path / "float", ExportOptions(dflash=str(draft), graph=graph))
     quantize_bundle(tmp_path / "float", tmp_path / "q", QuantizeOptions(bits=None, dflash_bits=bits))
+    before = onnx.load(str(tmp_path / "float" / "dflash.onnx")).graph
+    weights = {i.name for i in before.initializer}
+    linears = [n for n in before.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
+    assert {n.op_type for n in linears} == ({"Gemm"} if graph == "portable" else {"MatMul"})  # 2-D rows or 3-D
     ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "dflash.onnx")).graph.node}
     assert {"MatMulNBits", "GatherBlockQuantized"} <= ops and "Gemm" not in ops
     record = load_manifest(tmp_path / "q").models["dflash"].quantization
-    assert record["bits"] == bits and len(record["quantized_matmuls"]) == 11  # fc, 7 in the layer, LM head rows
+    # every linear: fc, the layer's (packed in the fused graph: 5, else 8), the LM head rows
+    assert record["bits"] == bits and len(record["quantized_matmuls"]) == len(linears) == (11 if graph == "portable"
+                                                                                           else 7)
     assert record["bytes_after"] < 0.6 * record["bytes_before"] and "parity" not in record  # a proposer: no gate
 
     logits = []
