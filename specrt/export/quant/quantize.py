@@ -72,10 +72,11 @@ class QuantizeOptions:
     # cheap extra rows, row-independent numerics), or "auto": the target's int8 graph made both ways and timed
     # here (specrt.export.quant.kernel_choice), the other roles following it. Lookups and int4 weights stay as they are.
     kernel: str = "nbits"
-    # A DFlash draft's bits, as eagle_bits: a proposer, so no distribution gate (the target verifies its blocks).
-    # Its pass reads the draft vocabulary's LM head rows, a copy of the target's input table, fc and its layers: at
-    # float32 that is 37 MB for SmolLM2-135M's draft, c ~0.3 of a Q4 verify pass.
-    dflash_bits: int | None | str = "same"
+    # A DFlash draft's bits, as eagle_bits, or "auto": int8 where the target is quantized, else float. A proposer,
+    # so no distribution gate (the target verifies its blocks). A pass runs a block's 8-16 rows, which on a CPU cost
+    # arithmetic more than bytes: SmolLM2-135M's draft pass took 0.89x the float32 time at int8 and 1.07x at int4
+    # (2-core AVX2 EPYC, benchmarks/dflash/smollm2-draft-pass-int{8,4}-cpu.json).
+    dflash_bits: int | None | str = "auto"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -90,10 +91,10 @@ class QuantizeOptions:
             if size not in BLOCK_SIZES:
                 raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {size}")
         for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits), ("dflash", self.dflash_bits)):
-            if value not in ("same", None, *BITS):
+            if value not in ("same", None, *BITS) and not (name == "dflash" and value == "auto"):
                 raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
         proposers = (self.draft_bits, self.eagle_bits, self.dflash_bits)
-        if self.bits is None and all(b in ("same", None) for b in proposers) and not self.gguf:
+        if self.bits is None and all(b in ("same", "auto", None) for b in proposers) and not self.gguf:
             raise ConfigError("nothing to quantize: the target stays float and so do the proposers "
                               "(give --draft-quantize, --eagle-quantize or --dflash-quantize int4/int8)")
 
@@ -101,6 +102,8 @@ class QuantizeOptions:
         if self.gguf_for(role) is not None:
             return None
         own = {"draft": self.draft_bits, "eagle": self.eagle_bits, "dflash": self.dflash_bits}.get(role, "same")
+        if own == "auto":
+            return 8 if self.bits else None
         return self.bits if own == "same" else own  # type: ignore[return-value]
 
     def gguf_for(self, role: str) -> Path | None:

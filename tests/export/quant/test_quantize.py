@@ -353,3 +353,20 @@ def test_the_defaults_are_the_best_setting_that_passes_the_gate(close_bundle, tm
     with pytest.raises(ConfigError, match="stand-in refusal"):
         quantize_bundle(close_bundle, tmp_path / "q8e", QuantizeOptions(bits=8, embeddings=True))
     assert not (tmp_path / "q8e").exists()
+
+
+def test_a_dflash_draft_is_int8_where_the_target_is_quantized_unless_told_otherwise():
+    """--dflash-quantize auto: int8 beside an int4 or int8 target (its 8-16-row pass cost no less at int4 here),
+    float beside a float target or kept GGUF blocks; an explicit choice wins; "auto" is the draft's word only."""
+    from specrt.errors import ConfigError
+    from specrt.export.quant.quantize import QuantizeOptions
+
+    assert [QuantizeOptions(bits=b).bits_for("dflash") for b in (4, 8)] == [8, 8]
+    assert QuantizeOptions(bits=None, gguf=(("target", "m.gguf"),)).bits_for("dflash") is None
+    assert QuantizeOptions(bits=None, dflash_bits=4).bits_for("dflash") == 4
+    assert QuantizeOptions(bits=4, dflash_bits="same").bits_for("dflash") == 4
+    assert QuantizeOptions(bits=4, dflash_bits=None).bits_for("dflash") is None
+    with pytest.raises(ConfigError, match="nothing to quantize"):
+        QuantizeOptions(bits=None)
+    with pytest.raises(ConfigError, match="eagle quantization must be"):
+        QuantizeOptions(bits=4, eagle_bits="auto")
