@@ -27,17 +27,24 @@ from .stats import StepRecord
 class Rate:
     """Tokens per second of one kind of step: a ratio of moving averages (a step's tokens, its seconds), so a
     step that kept five tokens weighs as five. The first 1/weight steps weigh alike (a plain mean), so the
-    first step does not stand for many."""
+    first step does not stand for many. :attr:`MethodGate.ratio` is one too, its "seconds" counted in the
+    tokens plain decoding would have given in them."""
 
     tokens: float | None = None
     seconds: float | None = None
     samples: int = 0
 
-    def add(self, tokens: int, seconds: float, weight: float) -> None:
+    def add(self, tokens: float, seconds: float, weight: float) -> None:
         self.samples += 1
         weight = max(weight, 1.0 / self.samples)
         self.tokens = theory.moving_average(self.tokens, float(tokens), weight)
         self.seconds = theory.moving_average(self.seconds, seconds, weight)
+
+    def anchor(self, value: float) -> None:
+        """Make the rate ``value`` now, its tokens' scale kept (what a step keeps), so the next steps move it
+        as they would have moved a rate measured at ``value``."""
+        if self.tokens and value > 0:
+            self.seconds = self.tokens / value
 
     @property
     def value(self) -> float:
@@ -48,13 +55,25 @@ class MethodGate:
     """Which of the method's step and a plain step to run next, from their measured rates. Kept by the
     generator per method and sampling settings across generations, so a server learns it once.
 
-    First :attr:`WARM_METHOD` steps of the method and :attr:`WARM_PLAIN` plain ones, then the method while its
-    rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The other kind runs once after a run of
-    the faster: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only drifts, with the context's
-    length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after each probe that finds it still
-    slower once its rate rests on 1/:attr:`WEIGHT` steps, up to :attr:`METHOD_PROBE_MAX` (a probe, two steps of
-    the method as :class:`GatedStepper` times them, costs about 2 (c + v(rows)) plain steps: a method that loses
-    15 % costs under 1 % over a long run).
+    First :attr:`WARM_METHOD` steps of the method and :attr:`WARM_PLAIN` plain ones, back to back; then the
+    method runs while its rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The kind not
+    running is probed, one timed step: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only
+    drifts, with the context's length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after a
+    probe that finds it slower, half as many after one that finds it faster, within [:attr:`METHOD_PROBE`,
+    :attr:`METHOD_PROBE_MAX`] (a probe, two steps of the method as :class:`GatedStepper` times them, costs
+    about 2 (c + v(rows)) plain steps: a method that keeps losing costs about 1 %).
+
+    The machine's speed drifts (a busy neighbour: SmolLM2's plain rate went from 125 to 78 tokens/s within two
+    minutes on a shared 2-core VM), so a rate measured a hundred steps ago is not comparable with one measured
+    now. Each decision reads rates measured together:
+
+    - while the method runs, its rate is current, and a plain probe is a step beside it; when its rate falls
+      below KEEP of plain decoding's (which may date from a faster time), plain decoding is re-measured from
+      scratch (WARM_PLAIN steps) and the two are compared afresh, so a slower machine does not switch off a
+      method that still wins;
+    - while plain steps run, each method probe's tokens are weighed against the tokens plain decoding gives in
+      the same seconds *now* (:attr:`ratio`), so a slower machine does not make a method measured in a faster
+      time look better: on SmolLM2's int4 head at T 0.7 that switched a 0.88x tree on for 130 steps.
 
     The memory is long on purpose: the tokens a method's step keeps vary from 1 to its depth, so ten steps
     tell its rate within about 15 %, too coarse for a drafter that gains 5-10 % (SmolLM2's int4 head on a
@@ -71,50 +90,78 @@ class MethodGate:
     KEEP = 0.97  # the method's rate over plain decoding's below which plain steps run: measured noise aside
     PLAIN_PROBE = 64
     METHOD_PROBE = 24
-    METHOD_PROBE_MAX = 96  # each probe that finds the method still slower doubles the wait, up to this
+    # At most this many plain steps between probes of a losing method: at 96, SmolLM2's head at T 0.7 spent 5 %
+    # of auto's time in probes (the head's catch-up over the rows it sat out is most of a probe's cost).
+    METHOD_PROBE_MAX = 192
 
     def __init__(self) -> None:
         self.method, self.plain = Rate(), Rate()
-        self._run = 0  # steps of the faster kind since the other last ran
+        # While plain steps run: the method's tokens over the tokens plain decoding gave in as many seconds at
+        # the time of each probe; its value is the method's rate over plain decoding's, free of the drift.
+        self.ratio = Rate()
+        self.on = True  # the method is the kind that runs (probes of plain decoding aside)
+        self._run = 0  # steps of the running kind since the other last ran
         self._wait = self.METHOD_PROBE  # plain steps before the next probe of a losing method
 
     @property
     def warm(self) -> bool:
         return self.method.samples >= self.WARM_METHOD and self.plain.samples >= self.WARM_PLAIN
 
-    @property
-    def method_faster(self) -> bool:
-        return self.method.value >= self.KEEP * self.plain.value
-
     def method_now(self) -> bool:
         """Whether the next step is the method's."""
         if self.method.samples < self.WARM_METHOD:
             return True
-        if self.plain.samples < self.WARM_PLAIN:
+        if self.plain.samples < self.WARM_PLAIN:  # warming up, or plain decoding re-measured after a switch
             return False
-        if self.method_faster:
-            return self._run < self.PLAIN_PROBE
-        return self._run >= self._wait
+        return self._run < self.PLAIN_PROBE if self.on else self._run >= self._wait
 
     def record(self, method: bool, tokens: int, seconds: float) -> None:
-        counting = self.warm and method == self.method_faster  # not a warm-up step, nor a probe
-        (self.method if method else self.plain).add(tokens, seconds, self.WEIGHT)
-        self._run = self._run + 1 if counting else 0
-        if self.method_faster:
-            self._wait = self.METHOD_PROBE
-        elif method and not counting and self.warm and self.method.samples * self.WEIGHT >= 1:
-            # a probe that found the method still slower, on a rate of enough steps to trust: wait longer
-            self._wait = min(2 * self._wait, self.METHOD_PROBE_MAX)
+        if not self.warm:
+            (self.method if method else self.plain).add(tokens, seconds, self.WEIGHT)
+            if self.warm:  # both rates measured back to back: comparable
+                self._judge()
+        elif method == self.on:  # a step of the running kind
+            (self.method if method else self.plain).add(tokens, seconds, self.WEIGHT)
+            self._run += 1
+            if method and self.method.value < self.KEEP * self.plain.value:
+                self.plain = Rate()  # re-measured now: the last probe may date from a faster machine
+        elif method:  # a probe of the method, weighed against plain decoding's rate now
+            self._run = 0
+            self.ratio.add(tokens, seconds * self.plain.value, self.WEIGHT)
+            self.method.add(tokens, seconds, self.WEIGHT)
+            faster = tokens >= self.KEEP * seconds * self.plain.value
+            self._wait = max(self.METHOD_PROBE, min(self._wait * 2 if not faster else self._wait // 2,
+                                                    self.METHOD_PROBE_MAX))
+            if self.ratio.value >= self.KEEP:
+                self.method.anchor(self.ratio.value * self.plain.value)
+                self.on, self._wait = True, self.METHOD_PROBE
+        else:  # a probe of plain decoding, beside the method's current rate
+            self._run = 0
+            self.plain.add(tokens, seconds, self.WEIGHT)
+            if self.method.value < self.KEEP * self.plain.value:
+                self.plain = Rate()
+
+    def _judge(self) -> None:
+        """Both rates fresh: which runs, and the ratio the method's probes move from here."""
+        self.ratio = Rate(self.method.tokens, (self.method.seconds or 0.0) * self.plain.value,
+                          samples=round(1 / self.WEIGHT))
+        self.on, self._run = self.ratio.value >= self.KEEP, 0
+
+    @property
+    def speed(self) -> float:
+        """The method's rate over plain decoding's, as last judged."""
+        if self.on or not self.ratio.samples:
+            return self.method.value / self.plain.value if self.plain.value else 0.0
+        return self.ratio.value
 
     def describe(self, name: str) -> str:
         """One line: the rates, and what runs."""
-        if self.plain.samples == 0:
+        if not self.ratio.samples:
             return f"{name} only (plain decoding not measured yet)"
-        ratio = self.method.value / self.plain.value if self.plain.value else 0.0
-        if self.method_faster:
-            return (f"{name} {ratio:.2f}x plain decoding per step as measured here: {name} runs, "
+        if self.on:
+            return (f"{name} {self.speed:.2f}x plain decoding per step as measured here: {name} runs, "
                     f"a plain step every {self.PLAIN_PROBE + 1} re-measures it")
-        return (f"{name} measured {ratio:.2f}x plain decoding per step here (drafts too rarely kept at these "
+        return (f"{name} measured {self.speed:.2f}x plain decoding per step here (drafts too rarely kept at these "
                 f"settings): plain steps run, {name} is tried again after {self._wait} of them")
 
 

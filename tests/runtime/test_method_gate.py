@@ -35,10 +35,30 @@ def test_the_gate_learns_both_then_runs_the_faster_and_probes_the_other():
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] == g.METHOD_PROBE_MAX + 1  # each losing probe waits longer
     assert gate._wait == g.METHOD_PROBE_MAX
-    assert "plain steps run" in gate.describe("eagle-tree") and "after 96 of them" in gate.describe("eagle-tree")
+    assert "plain steps run" in gate.describe("eagle-tree") and f"after {g.METHOD_PROBE_MAX} of them" in gate.describe("eagle-tree")
     ran = _drive(gate, 500, (4, 0.012), (1, 0.008))  # and wins again: probes see it, the method comes back
     assert all(ran[-30:]) and "eagle-tree runs" in gate.describe("eagle-tree")
     assert gate._wait == g.METHOD_PROBE  # and a later loss is probed soon again
+
+
+def test_a_slower_machine_does_not_switch_a_losing_method_on():
+    """Rates measured a hundred steps apart are not comparable on a machine whose speed drifts: a method's probes
+    are weighed against plain decoding's rate at their own time."""
+    gate = MethodGate()
+    _drive(gate, 400, (1, 0.0111), (1, 0.0100))  # 0.90x plain decoding: off
+    assert not gate.on
+    ran = _drive(gate, 600, (1, 0.0111 * 1.4), (1, 0.0100 * 1.4))  # everything 40 % slower: still 0.90x
+    probes = sum(1 for a, b in zip([False] + ran, ran) if b and not a)
+    assert sum(ran) == probes <= 5 and not gate.on  # one step per probe, none more
+
+
+def test_a_slower_machine_does_not_switch_a_winning_method_off_for_long():
+    """Plain decoding's rate, last measured by a probe in a faster time, is re-measured before the method's
+    current one is judged against it."""
+    gate = MethodGate()
+    _drive(gate, 200, (2, 0.016), (1, 0.0100))  # 1.25x plain decoding: on
+    ran = _drive(gate, 600, (2, 0.016 * 1.5), (1, 0.0100 * 1.5))  # everything 50 % slower: still 1.25x
+    assert gate.on and ran.count(False) <= 600 // (MethodGate.PLAIN_PROBE + 1) + 2 * MethodGate.WARM_PLAIN
 
 
 def test_a_method_within_noise_of_plain_decoding_keeps_running():
