@@ -73,6 +73,10 @@ from .options import (
 @click.option("--energy", is_flag=True,
               help="Joules per token and tokens per joule per method, from Jetson power monitors, RAPL or NVML "
                    "(whichever this machine reports; which are missing is said, not an error).")
+@click.option("--interleave/--blocks", default=True, show_default=True,
+              help="interleave: each prompt runs every method (order rotating by prompt) before the next prompt, "
+                   "so a machine whose speed drifts during the run weighs on every method alike; blocks: each "
+                   "method over every prompt in turn (--energy meters blocks).")
 @low_memory_option
 @backend_option
 def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, chat: bool | None,
@@ -83,8 +87,8 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, 
           top_p: float,
           greedy_baseline: bool, json_out: str | None, threads: int | None, thread_pool: str, compare: tuple[str, ...],
           hf_target: str | None, hf_draft: str | None, peer_precision: str | None, peer_gguf: str | None,
-          peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, low_memory: bool | None,
-          backend: str) -> None:
+          peer_cache: str | None, roofline: bool, bandwidth_gbps: float | None, energy: bool, interleave: bool,
+          low_memory: bool | None, backend: str) -> None:
     """Measure tokens/s per method in one run; speedups are ratios to --method none.
 
     Also reports tokens per target pass, alpha, c, the speedup the theory predicts for them, the time split (draft /
@@ -123,7 +127,7 @@ def bench(bundle: str | None, prompts_file: str | None, prompt_set: str | None, 
     options = dict(max_new_tokens=max_new_tokens, repeats=repeats, gamma=gamma, draft_stop=draft_stop,
                    row_stable=row_stable, temperature=temperature, top_k=top_k, top_p=top_p,
                    tree=TreeShape.parse(tree_shape), eagle_tree=DynamicTree.parse(eagle_tree),
-                   greedy_baseline=greedy_baseline)
+                   greedy_baseline=greedy_baseline, interleave=interleave)
     if methods is not None:  # checked before loading; the default needs the bundle
         cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), **options)
     prompts = read_prompts(prompts_file) if prompts_file else None

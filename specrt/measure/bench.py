@@ -83,6 +83,10 @@ class BenchConfig:
     greedy_baseline: bool = True
     # Each prompt is a user's message to an instruct model, rendered with the bundle's chat template.
     chat: bool = False
+    # Each prompt runs every method before the next prompt, the order rotating by prompt: a machine whose speed
+    # drifts within a run (a shared VM: plain decoding went from 98 to 77 tokens/s within one repeat) weighs on
+    # every method alike. False: each method over every prompt in turn (what --energy meters needs).
+    interleave: bool = True
 
     def __post_init__(self) -> None:
         for method in self.methods:
@@ -185,10 +189,48 @@ def _run_repeat(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Ben
     repeat before: on a machine whose speed drifts within a repeat, no method always runs in the same slot
     (right after the slowest one, say)."""
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
-    baseline = cfg.greedy_baseline and not sampling.greedy
     shift = r % len(cfg.methods)
-    for method in cfg.methods[shift:] + cfg.methods[:shift]:
-        beside = baseline and method == "none"  # the baseline: before none on even repeats, after on odd
+    order = cfg.methods[shift:] + cfg.methods[:shift]
+    if cfg.interleave and energy is None:
+        _interleaved(gen, prompt_ids, cfg, r, runs, order, on_progress)
+    else:
+        _in_blocks(gen, prompt_ids, cfg, r, runs, order, on_progress, energy)
+    for peer in peers:
+        if on_progress:
+            on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
+        runs.peers[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
+
+
+def _wants_baseline(cfg: BenchConfig) -> bool:
+    """Whether greedy plain decoding runs beside a sampled none, the baseline of "vs greedy"."""
+    return cfg.greedy_baseline and not SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p).greedy
+
+
+def _interleaved(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig, r: int, runs: _Runs,
+                 order: tuple[str, ...], on_progress: Callable[[str], None] | None) -> None:
+    """Each prompt through every method (the greedy baseline right after none), the order rotating by prompt."""
+    results: dict[str, list] = {m: [] for m in order}
+    greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
+    baseline = []
+    for i, ids in enumerate(prompt_ids):
+        if on_progress:
+            on_progress(f"repeat {r + 1}/{cfg.repeats} · prompt {i + 1}/{len(prompt_ids)}, every method")
+        for method in order[i % len(order):] + order[:i % len(order)]:
+            results[method].append(gen.stream_ids(ids, cfg.options(method, r)).result)
+            if method == "none" and _wants_baseline(cfg):
+                baseline.append(gen.stream_ids(ids, greedy).result.stats)
+    for method, out in results.items():
+        runs.outputs.setdefault(method, [s.token_ids for s in out])
+        runs.methods[method].append(_aggregate([s.stats for s in out]))
+    if baseline:
+        runs.greedy.append(_aggregate(baseline))
+
+
+def _in_blocks(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig, r: int, runs: _Runs,
+               order: tuple[str, ...], on_progress: Callable[[str], None] | None, energy) -> None:
+    """Each method over every prompt in turn, metered as a block where ``energy`` is given."""
+    for method in order:
+        beside = _wants_baseline(cfg) and method == "none"  # the baseline: before none on even repeats, after on odd
         if beside and r % 2 == 0:
             runs.greedy.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
         if on_progress:
@@ -202,10 +244,6 @@ def _run_repeat(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Ben
         runs.methods[method].append(_aggregate([s.stats for s in stats], joules))
         if beside and r % 2 == 1:
             runs.greedy.append(_greedy_none(gen, prompt_ids, cfg, on_progress, r))
-    for peer in peers:
-        if on_progress:
-            on_progress(f"repeat {r + 1}/{cfg.repeats} · {peer.name}")
-        runs.peers[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
 
 
 def _config(gen: SpeculativeGenerator, cfg: BenchConfig, prompts: int, costs: dict[str, roofline.ModelCost],
@@ -216,6 +254,7 @@ def _config(gen: SpeculativeGenerator, cfg: BenchConfig, prompts: int, costs: di
             "tree": list(cfg.tree.widths),
             "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
             "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": prompts, "chat": cfg.chat,
+            "order": "interleaved" if cfg.interleave and energy is None else "blocks",
             "vocab": gen.manifest.target.dims.vocab_size,
             "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
             "model_costs": {role: {"weight_bytes": c.weight_bytes,

@@ -70,6 +70,35 @@ def test_each_repeat_starts_one_method_later(generator, monkeypatch):
     assert seen[1:] == ["none", "ngram", "draft", "ngram", "draft", "none", "draft", "none", "ngram"]  # after the warm-up
 
 
+@pytest.mark.parametrize("interleave", [True, False])
+def test_methods_interleave_by_prompt_or_run_in_blocks(generator, monkeypatch, interleave):
+    """Interleaved, each prompt runs every method before the next one, the order rotating by prompt, the greedy
+    baseline right after sampled none: drift weighs on every method alike. In blocks, one method at a time."""
+    seen = []
+    real = generator.stream_ids
+
+    def recording(ids, options=None, **changes):
+        if options is not None:  # the warm-up passes its settings as keywords
+            seen.append((options.method + ("" if options.temperature else " greedy"), ids[-1]))
+        return real(ids, options, **changes)
+
+    monkeypatch.setattr(generator, "stream_ids", recording)
+    prompts = builtin_prompts("code")[:2]
+    last = [generator.encode(p)[-1] for p in prompts]
+    res = run_bench(generator, prompts, BenchConfig(methods=("none", "ngram", "draft"), max_new_tokens=4, repeats=2,
+                                                   temperature=0.8, interleave=interleave))
+    runs = [m for m, _ in seen]
+    if interleave:
+        assert runs == ["none", "none greedy", "ngram", "draft", "ngram", "draft", "none", "none greedy",
+                        "ngram", "draft", "none", "none greedy", "draft", "none", "none greedy", "ngram"]
+        assert [i for _, i in seen[:8]] == [last[0]] * 4 + [last[1]] * 4
+    else:
+        assert runs == ["none greedy"] * 2 + ["none"] * 2 + ["ngram"] * 2 + ["draft"] * 2 + ["ngram"] * 2 + [
+            "draft"] * 2 + ["none"] * 2 + ["none greedy"] * 2
+    assert res["config"]["order"] == ("interleaved" if interleave else "blocks")
+    assert res["greedy_baseline"]["tokens_per_second"] > 0
+
+
 def test_bench_config_and_prompt_errors(tmp_path):
     with pytest.raises(ConfigError, match="include 'none'"):
         BenchConfig(methods=("draft",))
