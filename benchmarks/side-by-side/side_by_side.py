@@ -35,7 +35,11 @@ SPEC_COUNT = re.compile(r"n_(drafted|accept)\s+=\s+(\d+)")
 
 
 def specrt_round(bundle: str, methods: str, prompts: str, chat: bool, n: int, threads: int,
-                 extra: list[str]) -> dict[str, float]:
+                 extra: list[str], shift: int = 0) -> dict[str, float]:
+    """One `specrt bench` process over every method; round ``shift`` starts ``shift`` methods later, so that on a
+    machine whose speed drifts within a process no method always runs first (or last)."""
+    names = methods.split(",")
+    methods = ",".join(names[shift % len(names):] + names[:shift % len(names)])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "specrt.cli", "bench", "--bundle", bundle, "--methods", methods, "--prompts",
@@ -148,24 +152,24 @@ def main() -> None:
         ap.error("--temperature must be >= 0, and 0 with --genai (its worker decodes greedily)")
     bundles = [b.split("=", 1) if "=" in b else (b, "none") for b in a.bundle]
     texts = prompt_texts(bundles[0][0], prompts, a.chat) if bundles else prompts
-    engines = [(f"llama.cpp {Path(g).name}", lambda g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
+    engines = [(f"llama.cpp {Path(g).name}", lambda r, g=g: llama_round(a.llama_bin / "llama-completion", g, texts,
                                                                       a.max_new_tokens, a.threads, a.temperature))
                for g in a.gguf]
     specs = [spec.split("=", 1) for spec in a.llama_spec]
-    engines += [(f"llama.cpp {Path(g).name} {short(args)}", lambda g=g, args=args: llama_spec_round(
+    engines += [(f"llama.cpp {Path(g).name} {short(args)}", lambda r, g=g, args=args: llama_spec_round(
         a.llama_bin / "llama-speculative-simple", g, args.split(), texts, a.max_new_tokens, a.threads,
         a.temperature))
         for g, args in specs]
     genai = [g.split("=", 1) if "=" in g else (Path(g).name, g) for g in a.genai]
-    engines += [(f"ONNX Runtime GenAI {label}", lambda g=g: genai_round(g, texts, a.max_new_tokens, a.threads))
+    engines += [(f"ONNX Runtime GenAI {label}", lambda r, g=g: genai_round(g, texts, a.max_new_tokens, a.threads))
                 for label, g in genai]
     extra = a.bench_args.split() + (["--temperature", str(a.temperature)] if a.temperature else [])
-    engines += [(f"specrt {Path(b).name}", lambda b=b, m=m: specrt_round(b, m, a.prompts, a.chat, a.max_new_tokens,
-                                                                          a.threads, extra)) for b, m in bundles]
+    engines += [(f"specrt {Path(b).name}", lambda r, b=b, m=m: specrt_round(
+        b, m, a.prompts, a.chat, a.max_new_tokens, a.threads, extra, shift=r)) for b, m in bundles]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in engines}
     for r in range(a.rounds):
         for name, run in engines[r % len(engines):] + engines[:r % len(engines)]:
-            runs[name].append(run())
+            runs[name].append(run(r))  # r: the round, which rotates the order of specrt's methods
             print(f"round {r + 1}: {name} {runs[name][-1]}", flush=True)
     rows = {f"{name} · {m}": statistics.median(x[m] for x in reps) for name, reps in runs.items() for m in reps[0]
             if m != "acceptance"}

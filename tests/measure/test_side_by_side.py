@@ -84,3 +84,25 @@ def test_sampling_turns_llama_cpp_s_extra_samplers_off(tmp_path: Path) -> None:
     call = (tmp_path / "llama-completion.args").read_text()
     assert "--temp 0.7 --top-k 0 --top-p 1 --min-p 0" in call
     assert sbs.sampling_args(0.0) == ["--temp", "0"]
+
+
+def test_each_round_starts_specrt_s_methods_one_later(monkeypatch) -> None:
+    """Within one `specrt bench` process methods run one after another: rotated per round, none always runs first
+    on a machine whose speed drifts."""
+    import json
+    import subprocess
+
+    orders = []
+
+    def fake_run(cmd, **_):
+        methods = cmd[cmd.index("--methods") + 1].split(",")
+        orders.append(methods)
+        out = Path(cmd[cmd.index("--json") + 1])
+        out.write_text(json.dumps({"methods": {m: {"tokens_per_second": 10.0} for m in methods}}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(sbs.subprocess, "run", fake_run)
+    for r in range(4):
+        assert sbs.specrt_round("b", "none,eagle-tree,auto", "p.json", True, 8, 2, [], shift=r) == {
+            "none": 10.0, "eagle-tree": 10.0, "auto": 10.0}
+    assert [o[0] for o in orders] == ["none", "eagle-tree", "auto", "none"]
