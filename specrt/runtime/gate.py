@@ -56,11 +56,12 @@ class MethodGate:
     generator per method and sampling settings across generations, so a server learns it once.
 
     First :attr:`WARM_METHOD` steps of the method and :attr:`WARM_PLAIN` plain ones, back to back; then the
-    method runs while its rate is at least :attr:`KEEP` of plain decoding's, else plain steps. The kind not
+    method runs while its rate is at least :attr:`KEEP` of plain decoding's, else plain steps until it measures
+    :attr:`RESUME` (as fast as plain decoding). The kind not
     running is probed, one timed step: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only
     drifts, with the context's length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after a
-    probe that finds it slower, half as many after one that finds it faster, within [:attr:`METHOD_PROBE`,
-    :attr:`METHOD_PROBE_MAX`] (a probe, two steps of the method as :class:`GatedStepper` times them, costs
+    probe that finds it slower, half as many after one that finds it faster by more than the noise, within
+    [:attr:`METHOD_PROBE`, :attr:`METHOD_PROBE_MAX`] (a probe, two steps of the method as :class:`GatedStepper` times them, costs
     about 2 (c + v(rows)) plain steps: a method that keeps losing costs about 1 %).
 
     The machine's speed drifts (a busy neighbour: SmolLM2's plain rate went from 125 to 78 tokens/s within two
@@ -88,6 +89,9 @@ class MethodGate:
     WARM_METHOD = 16
     WARM_PLAIN = 4  # a plain step keeps one token: its rate is steady
     KEEP = 0.97  # the method's rate over plain decoding's below which plain steps run: measured noise aside
+    # ...and at or above which a method switched off runs again. At KEEP, prompt lookup at T 1 on SmolLM2's chat
+    # (about 0.96x, its host work) flipped on and off around the threshold and ran 0.97x plain decoding.
+    RESUME = 1.0
     PLAIN_PROBE = 64
     METHOD_PROBE = 24
     # At most this many plain steps between probes of a losing method: at 96, SmolLM2's head at T 0.7 spent 5 %
@@ -129,10 +133,10 @@ class MethodGate:
             self._run = 0
             self.ratio.add(tokens, seconds * self.plain.value, self.WEIGHT)
             self.method.add(tokens, seconds, self.WEIGHT)
-            faster = tokens >= self.KEEP * seconds * self.plain.value
+            faster = self.KEEP * tokens >= seconds * self.plain.value  # beat plain decoding beyond the noise
             self._wait = max(self.METHOD_PROBE, min(self._wait * 2 if not faster else self._wait // 2,
                                                     self.METHOD_PROBE_MAX))
-            if self.ratio.value >= self.KEEP:
+            if self.ratio.value >= self.RESUME:
                 self.method.anchor(self.ratio.value * self.plain.value)
                 self.on, self._wait = True, self.METHOD_PROBE
         else:  # a probe of plain decoding, beside the method's current rate

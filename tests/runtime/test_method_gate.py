@@ -37,7 +37,7 @@ def test_the_gate_learns_both_then_runs_the_faster_and_probes_the_other():
     assert gate._wait == g.METHOD_PROBE_MAX
     assert "plain steps run" in gate.describe("eagle-tree") and f"after {g.METHOD_PROBE_MAX} of them" in gate.describe("eagle-tree")
     ran = _drive(gate, 500, (4, 0.012), (1, 0.008))  # and wins again: probes see it, the method comes back
-    assert all(ran[-30:]) and "eagle-tree runs" in gate.describe("eagle-tree")
+    assert ran[-100:].count(False) <= 2 and "eagle-tree runs" in gate.describe("eagle-tree")  # its plain probes
     assert gate._wait == g.METHOD_PROBE  # and a later loss is probed soon again
 
 
@@ -59,6 +59,15 @@ def test_a_slower_machine_does_not_switch_a_winning_method_off_for_long():
     _drive(gate, 200, (2, 0.016), (1, 0.0100))  # 1.25x plain decoding: on
     ran = _drive(gate, 600, (2, 0.016 * 1.5), (1, 0.0100 * 1.5))  # everything 50 % slower: still 1.25x
     assert gate.on and ran.count(False) <= 600 // (MethodGate.PLAIN_PROBE + 1) + 2 * MethodGate.WARM_PLAIN
+
+
+def test_a_method_switched_off_comes_back_only_as_fast_as_plain_decoding():
+    """Kept down to KEEP, resumed from RESUME: a method within the noise of plain decoding (prompt lookup's host
+    work at T 1) does not flip on and off around one threshold."""
+    gate = MethodGate()
+    _drive(gate, 300, (1, 0.0125), (1, 0.0100))  # 0.80x: off
+    ran = _drive(gate, 1500, (1, 0.0102), (1, 0.0100))  # 0.98x: above KEEP, below RESUME
+    assert not gate.on and sum(ran) <= 1500 // MethodGate.METHOD_PROBE
 
 
 def test_a_method_within_noise_of_plain_decoding_keeps_running():
