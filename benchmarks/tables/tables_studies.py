@@ -100,6 +100,10 @@ table("smollm2-gguf-auto-cpu", "side-by-side/smollm2-gguf-auto-cpu.json")(side_b
 table("smollm2-gguf-auto-t07-cpu", "side-by-side/smollm2-gguf-auto-t07-cpu.json")(side_by_side)
 table("smollm2-gguf-auto-final-cpu", "side-by-side/smollm2-gguf-auto-final-cpu.json")(side_by_side)
 table("smollm2-gguf-auto-final-t07-cpu", "side-by-side/smollm2-gguf-auto-final-t07-cpu.json")(side_by_side)
+table("smollm2-gguf-auto-interleaved-cpu", "side-by-side/smollm2-gguf-auto-interleaved-cpu.json")(side_by_side)
+table("smollm2-gguf-auto-interleaved-t07-cpu", "side-by-side/smollm2-gguf-auto-interleaved-t07-cpu.json")(side_by_side)
+table("smollm2-gguf-nohead-interleaved-t07-cpu", "side-by-side/smollm2-gguf-nohead-interleaved-t07-cpu.json")(side_by_side)
+table("smollm2-gguf-nohead-interleaved-t1-cpu", "side-by-side/smollm2-gguf-nohead-interleaved-t1-cpu.json")(side_by_side)
 
 
 table("smollm2-side-by-side-pruned-xeon-cpu", "side-by-side/smollm2-side-by-side-pruned-xeon-cpu.json")(side_by_side)
