@@ -33,7 +33,10 @@ from specrt.serve.protocol import FINISH
 # (one gen call per variant) stay few.
 VARIANTS = 24
 LEAVE_PROMPT = "def fib(n):"  # greedy on the demo never stops early: a client that leaves always leaves mid-answer
-LEAVE_TOKENS = 256  # ~2 s if nobody cancels it: a generation that outlives its client keeps the server busy
+# ~5 s if nobody cancels it (the demo's draft method, 2 threads, a 2-core VM): a generation that outlives its
+# client keeps the server busy. At 256 (~2 s) one stream in 21 finished under the full suite's load before its
+# disconnect reached the event loop (2026-12-07; not seen alone): a longer answer leaves the check its margin.
+LEAVE_TOKENS = 640
 CLIENT_TIMEOUT_S = 30.0  # a request without an answer by then counts as lost, not as a hung test
 MIX = {"answer": 70, "leave": 10, "malformed": 7, "oversized": 6, "wrong_key": 7}  # % of the jobs
 MALFORMED = [b"{not json", b'{"model": "m", "prompt": "cut', b"[1, 2]", b"\xff\xfe{}"]
