@@ -57,12 +57,12 @@ class MethodGate:
 
     First :attr:`WARM_METHOD` steps of the method and :attr:`WARM_PLAIN` plain ones, back to back; then the
     method runs while its rate is at least :attr:`KEEP` of plain decoding's, else plain steps until it measures
-    :attr:`RESUME` (as fast as plain decoding). The kind not
-    running is probed, one timed step: plain decoding after :attr:`PLAIN_PROBE` method steps (its rate only
-    drifts, with the context's length), the method after :attr:`METHOD_PROBE` plain steps, twice as many after a
-    probe that finds it slower, half as many after one that finds it faster by more than the noise, within
-    [:attr:`METHOD_PROBE`, :attr:`METHOD_PROBE_MAX`] (a probe, two steps of the method as :class:`GatedStepper` times them, costs
-    about 2 (c + v(rows)) plain steps: a method that keeps losing costs about 1 %).
+    :attr:`RESUME` (as fast as plain decoding). The kind not running is probed, one timed step: plain decoding
+    after :attr:`PLAIN_PROBE` method steps (its rate only drifts, with the context's length), the method after
+    :attr:`METHOD_PROBE` plain steps, twice as many after a probe that finds it slower, half as many after one
+    that finds it faster by more than the noise, within [:attr:`METHOD_PROBE`, :attr:`METHOD_PROBE_MAX`] (a
+    probe, two steps of the method as :class:`GatedStepper` times them, costs about 2 (c + v(rows)) plain
+    steps: a method that keeps losing costs about 1 %).
 
     The machine's speed drifts (a busy neighbour: SmolLM2's plain rate went from 125 to 78 tokens/s within two
     minutes on a shared 2-core VM), so a rate measured a hundred steps ago is not comparable with one measured
@@ -127,8 +127,8 @@ class MethodGate:
         elif method == self.on:  # a step of the running kind
             (self.method if method else self.plain).add(tokens, seconds, self.WEIGHT)
             self._run += 1
-            if method and self.method.value < self.KEEP * self.plain.value:
-                self.plain = Rate()  # re-measured now: the last probe may date from a faster machine
+            if method:
+                self._remeasure_if_behind()
         elif method:  # a probe of the method, weighed against plain decoding's rate now
             self._run = 0
             self.ratio.add(tokens, seconds * self.plain.value, self.WEIGHT)
@@ -142,8 +142,13 @@ class MethodGate:
         else:  # a probe of plain decoding, beside the method's current rate
             self._run = 0
             self.plain.add(tokens, seconds, self.WEIGHT)
-            if self.method.value < self.KEEP * self.plain.value:
-                self.plain = Rate()
+            self._remeasure_if_behind()
+
+    def _remeasure_if_behind(self) -> None:
+        """The running method below KEEP of plain decoding's rate: plain decoding is measured again, from
+        scratch, before the two are judged (:meth:`_judge`): its rate may date from a faster machine."""
+        if self.method.value < self.KEEP * self.plain.value:
+            self.plain = Rate()
 
     def _judge(self) -> None:
         """Both rates fresh: which runs, and the ratio the method's probes move from here."""
@@ -162,6 +167,9 @@ class MethodGate:
         """One line: the rates, and what runs."""
         if not self.ratio.samples:
             return f"{name} only (plain decoding not measured yet)"
+        if self.plain.samples < self.WARM_PLAIN:
+            return (f"{name} measured below plain decoding's last rate: plain decoding is being measured again "
+                    f"before {name} is judged")
         if self.on:
             return (f"{name} {self.speed:.2f}x plain decoding per step as measured here: {name} runs, "
                     f"a plain step every {self.PLAIN_PROBE + 1} re-measures it")
