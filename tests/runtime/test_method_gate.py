@@ -35,7 +35,8 @@ def test_the_gate_learns_both_then_runs_the_faster_and_probes_the_other():
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] == g.METHOD_PROBE_MAX + 1  # each losing probe waits longer
     assert gate._wait == g.METHOD_PROBE_MAX
-    assert "plain steps run" in gate.describe("eagle-tree") and f"after {g.METHOD_PROBE_MAX} of them" in gate.describe("eagle-tree")
+    said = gate.describe("eagle-tree")
+    assert "plain steps run" in said and f"after {g.METHOD_PROBE_MAX} of them" in said
     ran = _drive(gate, 500, (4, 0.012), (1, 0.008))  # and wins again: probes see it, the method comes back
     assert ran[-100:].count(False) <= 2 and "eagle-tree runs" in gate.describe("eagle-tree")  # its plain probes
     assert gate._wait == g.METHOD_PROBE  # and a later loss is probed soon again
@@ -59,6 +60,11 @@ def test_a_slower_machine_does_not_switch_a_winning_method_off_for_long():
     _drive(gate, 200, (2, 0.016), (1, 0.0100))  # 1.25x plain decoding: on
     ran = _drive(gate, 600, (2, 0.016 * 1.5), (1, 0.0100 * 1.5))  # everything 50 % slower: still 1.25x
     assert gate.on and ran.count(False) <= 600 // (MethodGate.PLAIN_PROBE + 1) + 2 * MethodGate.WARM_PLAIN
+    while gate.method_now():  # much slower now: below plain decoding's last rate
+        gate.record(True, 1, 0.05)
+    assert gate.on and "measured again" in gate.describe("eagle-tree")
+    _drive(gate, MethodGate.WARM_PLAIN, (1, 0.05), (1, 0.0150))
+    assert not gate.on and "plain steps run" in gate.describe("eagle-tree")
 
 
 def test_a_method_switched_off_comes_back_only_as_fast_as_plain_decoding():
