@@ -9,6 +9,7 @@ import click
 
 from . import main
 from .options import (
+    BITS,
     bundle_option,
     draft_vocab_option,
     force_option,
@@ -70,7 +71,8 @@ from .options import (
                    "which proposes a whole block in one pass, and the target graph outputs the layers it "
                    "reads (llama, mistral, qwen2, qwen3, phi3 targets). With another drafter too, auto runs "
                    "whichever --measure finds faster (without it: an EAGLE-3 head, then this draft, then "
-                   "--draft). int8 where the target is quantized, unless --dflash-quantize says otherwise.")
+                   "--draft). int8 where the target is quantized to int4 or int8 (float beside kept GGUF "
+                   "blocks), unless --dflash-quantize says otherwise.")
 @click.option("--quantize", type=click.Choice(["int4", "int8", "none"]),
               help="Weight-only quantization of every matmul (LM head included) with ONNX Runtime's MatMulNBits; "
                    "none: float [default: --for's: on a CPU int4, else int8, else float, the first the quality gate "
@@ -128,8 +130,8 @@ def export(model: str, draft: str | None, output: str, platform: str, dtype: str
 
     hf_logging.disable_progress_bar()  # our own step display replaces transformers' per-file bars
     gguf = find_gguf(model)
-    proposer_only = any(bits not in ("same", "auto", None) for bits in (draft_quantize, eagle_quantize,
-                                                                         dflash_quantize))
+    # a proposer given its own int4/int8 ("same", "auto" and none follow the target or stay float)
+    proposer_only = any(bits in BITS.values() for bits in (draft_quantize, eagle_quantize, dflash_quantize))
     bits = {"int4": 4, "int8": 8}.get(quantize or "")
     requantize = bool(gguf and requantize_gguf(gguf_blocks, bool(eagle or draft or dflash)))
     choice = choose(platform, dtype=dtype, graph=graph, bits=bits, decided=quantize is not None or proposer_only,

@@ -174,7 +174,8 @@ def quantize_layout_options(note: str = "") -> Callable:
                           "recorded."),
         click.option("--dflash-quantize", type=click.Choice(["auto", "same", "none", "int4", "int8"]),
                      default="auto", show_default=True, callback=parse_bits,
-                     help="The DFlash draft's quantization: auto, int8 where the target is quantized, else float; "
+                     help="The DFlash draft's quantization: auto, int8 where the target is quantized to int4 or int8, "
+                          "else float (a float target, or kept GGUF blocks); "
                           "or as --draft-quantize. A proposer, so no quality gate (the target verifies its blocks). "
                           "A pass runs a block's 8-16 rows, which cost arithmetic more than bytes on a CPU: "
                           "SmolLM2-135M's draft pass took 0.89x its float32 time at int8, 1.07x at int4."),

@@ -211,13 +211,13 @@ def _interleaved(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Be
     """Each prompt through every method (the greedy baseline right after none), the order rotating by prompt."""
     results: dict[str, list] = {m: [] for m in order}
     greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
-    baseline = []
+    wants_baseline, baseline = _wants_baseline(cfg), []
     for i, ids in enumerate(prompt_ids):
         if on_progress:
             on_progress(f"repeat {r + 1}/{cfg.repeats} · prompt {i + 1}/{len(prompt_ids)}, every method")
         for method in order[i % len(order):] + order[:i % len(order)]:
             results[method].append(gen.stream_ids(ids, cfg.options(method, r)).result)
-            if method == "none" and _wants_baseline(cfg):
+            if method == "none" and wants_baseline:
                 baseline.append(gen.stream_ids(ids, greedy).result.stats)
     for method, out in results.items():
         runs.outputs.setdefault(method, [s.token_ids for s in out])

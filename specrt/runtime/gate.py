@@ -132,7 +132,7 @@ class MethodGate:
         elif method:  # a probe of the method, weighed against plain decoding's rate now
             self._run = 0
             self.ratio.add(tokens, seconds * self.plain.value, self.WEIGHT)
-            self.method.add(tokens, seconds, self.WEIGHT)
+            self.method.add(tokens, seconds, self.WEIGHT)  # keeps its tokens' scale current for anchor()
             faster = self.KEEP * tokens >= seconds * self.plain.value  # beat plain decoding beyond the noise
             self._wait = max(self.METHOD_PROBE, min(self._wait * 2 if not faster else self._wait // 2,
                                                     self.METHOD_PROBE_MAX))

@@ -72,9 +72,10 @@ class QuantizeOptions:
     # cheap extra rows, row-independent numerics), or "auto": the target's int8 graph made both ways and timed
     # here (specrt.export.quant.kernel_choice), the other roles following it. Lookups and int4 weights stay as they are.
     kernel: str = "nbits"
-    # A DFlash draft's bits, as eagle_bits, or "auto": int8 where the target is quantized, else float. A proposer,
-    # so no distribution gate (the target verifies its blocks). A pass runs a block's 8-16 rows, which on a CPU cost
-    # arithmetic more than bytes: SmolLM2-135M's draft pass took 0.89x the float32 time at int8 and 1.07x at int4
+    # A DFlash draft's bits, as eagle_bits, or "auto": int8 where `bits` quantizes the target, else float (a float
+    # target, or a GGUF's blocks kept). A proposer, so no distribution gate (the target verifies its blocks). A pass
+    # runs a block's 8-16 rows, which on a CPU cost arithmetic more than bytes: SmolLM2-135M's draft pass took
+    # 0.89x the float32 time at int8 and 1.07x at int4
     # (2-core AVX2 EPYC, benchmarks/dflash/smollm2-draft-pass-int{8,4}-cpu.json).
     dflash_bits: int | None | str = "auto"
 
@@ -91,10 +92,11 @@ class QuantizeOptions:
             if size not in BLOCK_SIZES:
                 raise ConfigError(f"block size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {size}")
         for name, value in (("draft", self.draft_bits), ("eagle", self.eagle_bits), ("dflash", self.dflash_bits)):
-            if value not in ("same", None, *BITS) and not (name == "dflash" and value == "auto"):
-                raise ConfigError(f"{name} quantization must be same, none, int4 or int8, got {value!r}")
+            words = ("auto", "same") if name == "dflash" else ("same",)  # auto: the DFlash draft's default only
+            if value not in (*words, None, *BITS):
+                raise ConfigError(f"{name} quantization must be {', '.join(words)}, none, int4 or int8, got {value!r}")
         proposers = (self.draft_bits, self.eagle_bits, self.dflash_bits)
-        if self.bits is None and all(b in ("same", "auto", None) for b in proposers) and not self.gguf:
+        if self.bits is None and not any(b in BITS for b in proposers) and not self.gguf:
             raise ConfigError("nothing to quantize: the target stays float and so do the proposers "
                               "(give --draft-quantize, --eagle-quantize or --dflash-quantize int4/int8)")
 
