@@ -10,6 +10,7 @@ code; they run in Jinja's immutable sandbox, within a time, output and memory bu
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -99,6 +100,12 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
+class _Nesting(threading.local):
+    """How deep the calls on this thread are nested: a server renders one template on several threads."""
+
+    depth = 0
+
+
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox, with every call, filter and size-making operator checked against :class:`RenderLimits` before
     it runs (see chat_limits: one C call can build gigabytes before any line-level check sees it)."""
@@ -108,6 +115,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     def __init__(self, limits: RenderLimits, **options: Any) -> None:
         super().__init__(**options)
         self.limits = limits
+        self._nesting = _Nesting()
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right, self.limits)
@@ -115,7 +123,14 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's names)
         check_arguments(args, kwargs, __self.limits)
-        return check_size(super().call(__context, __obj, *args, **kwargs), __self.limits)
+        depth = __self._nesting.depth
+        if depth >= __self.limits.max_depth:
+            raise LimitExceeded(f"it nested calls more than {__self.limits.max_depth} deep (a macro calling itself?)")
+        __self._nesting.depth = depth + 1
+        try:
+            return check_size(super().call(__context, __obj, *args, **kwargs), __self.limits)
+        finally:
+            __self._nesting.depth = depth
 
     def wrap_str_format(self, value: Any) -> Any:
         wrapper = super().wrap_str_format(value)

@@ -10,6 +10,8 @@ but not from the CPU or the memory: two nested ``range(100000)`` loops run for h
 - **one step**: the operators that make big values in one C call (``*``, ``**``, ``+``, ``%``) and every call and
   filter are checked before they run: no sequence or argument beyond ``max_chars``, no integer beyond
   ``MAX_INT_BITS``, no format width beyond ``max_chars``; and what a call returns is checked after;
+- **depth**: calls nested in calls (a macro that calls itself) stop at ``max_depth``, long before Python's own
+  recursion limit;
 - **memory**: the trace also watches the process's peak resident size, sampled every millisecond, and aborts a
   render that raised it by more than ``memory_bytes`` (growth through ``~`` or ``{% set %}`` blocks in a loop).
 
@@ -44,6 +46,10 @@ class RenderLimits:
     time_s: float = 2.0  # real templates render in milliseconds
     max_chars: int = 4 << 20  # the prompt, and any one string, list or argument a template builds
     memory_bytes: int = 256 << 20  # growth of the process's peak resident size during one render
+    # Calls nested inside calls (a macro calling itself): real templates nest a few levels (a tool schema's
+    # properties); each level costs ~7 Python frames, so 64 stay far from the interpreter's limit of 1000, where
+    # a RecursionError would run unrelated finalizers (and their warnings) at the very bottom of the stack.
+    max_depth: int = 64
 
 
 class LimitExceeded(BaseException):

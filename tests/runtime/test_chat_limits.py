@@ -52,10 +52,22 @@ def test_nested_loops_stop_at_the_time_limit():
     ("{% set ns = namespace(s='aaaaaaaa') %}{% for i in range(20) %}{% set ns.s = ns.s|replace('a', 'aaaaaaaa') %}"
      "{% endfor %}", "built a value"),
     ("{{ lipsum(n=3000000) }}", "ran longer"),
-    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "RecursionError"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "nested calls more than 64 deep"),
+    ("{% for m in messages recursive %}{{ loop([m]) }}{% endfor %}", "nested calls more than 64 deep"),
 ])
 def test_a_template_that_builds_too_much_is_stopped(source, match):
     _stopped(source, match, RenderLimits(time_s=1.0))
+
+
+def test_calls_nest_up_to_the_depth_limit_and_the_count_unwinds():
+    # A macro walking a nested tool schema recurses a few levels; 60 is well within the limit of 64.
+    source = "{% macro f(n) %}{% if n > 0 %}({{ f(n - 1) }}){% endif %}{% endmacro %}{{ f(N) }}"
+    deep = ChatTemplate(source.replace("N", "messages|length * 60"))
+    assert deep.render(MESSAGES) == "(" * 60 + ")" * 60
+    with pytest.raises(ChatTemplateError, match="more than 64 deep"):
+        deep.render(MESSAGES * 2)  # 120 levels
+    assert deep.render(MESSAGES) == "(" * 60 + ")" * 60  # a stopped render left no depth behind
+    assert ChatTemplate(source.replace("N", "70"), limits=RenderLimits(max_depth=80)).render(MESSAGES) == "(" * 70 + ")" * 70
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory bound reads the peak RSS (Linux units)")
