@@ -95,13 +95,19 @@ def test_run_bench_interleaves_peers_with_the_bench_settings(gen):
     res = run_bench(gen, builtin_prompts("code")[:2], cfg, on_progress=log.append, peers=[rec])
     s = SamplingConfig(0.7, 3, 0.9)
     assert rec.calls == [(1, 8, s, 10), (2, 5, s, 10), (2, 5, s, 11)]  # warm-up, then seed + repeat as specrt
-    # The greedy baseline of a sampled bench runs beside the sampled none run: before it, then after it.
+    # By default each prompt runs every method (the greedy baseline right after none); the peer runs after them.
+    assert log == ["repeat 1/2 · prompt 1/2, every method", "repeat 1/2 · prompt 2/2, every method", "repeat 1/2 · rec",
+                   "repeat 2/2 · prompt 1/2, every method", "repeat 2/2 · prompt 2/2, every method", "repeat 2/2 · rec"]
+    assert res["config"]["order"] == "interleaved"
+    log.clear()  # in blocks, the greedy baseline runs beside none: before it, then after it
+    blocks = replace(cfg, interleave=False)
+    run_bench(gen, builtin_prompts("code")[:2], blocks, on_progress=log.append, peers=[Recorder()])
     greedy = "none, greedy (the baseline)"
     assert log == [f"repeat 1/2 · {greedy}", "repeat 1/2 · none", "repeat 1/2 · rec",
                    "repeat 2/2 · none", f"repeat 2/2 · {greedy}", "repeat 2/2 · rec"]
     log.clear()  # beside none wherever none comes in the methods
     run_bench(gen, builtin_prompts("code")[:1], BenchConfig(methods=("ngram", "none"), max_new_tokens=3, repeats=2,
-                                                            temperature=0.7), on_progress=log.append)
+                                                            temperature=0.7, interleave=False), on_progress=log.append)
     assert log == ["repeat 1/2 · ngram", f"repeat 1/2 · {greedy}", "repeat 1/2 · none",  # repeat 2 rotated:
                    "repeat 2/2 · none", f"repeat 2/2 · {greedy}", "repeat 2/2 · ngram"]
     row = res["peers"]["rec"]
