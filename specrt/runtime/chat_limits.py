@@ -26,6 +26,7 @@ import contextlib
 import functools
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -81,11 +82,22 @@ def time_and_memory(limits: RenderLimits) -> Iterator[None]:
         return check
 
     previous = sys.gettrace()  # a debugger's or coverage's: it misses the render's lines, and comes back after
-    sys.settrace(check)
+    _settrace(check)
     try:
         yield
     finally:
-        sys.settrace(previous)
+        _settrace(previous)
+
+
+# CPython up to 3.11 refuses sys.settrace on one thread while another thread is inside it ("Cannot install a trace
+# function while another trace function is being installed", a RuntimeError): two renders starting at once on a
+# server's threads met it. Only the call itself is serialized; the renders still run side by side.
+_SETTRACE_LOCK = threading.Lock()
+
+
+def _settrace(function: Callable | None) -> None:
+    with _SETTRACE_LOCK:
+        sys.settrace(function)
 
 
 def check_size(value: Any, limits: RenderLimits) -> Any:

@@ -103,3 +103,28 @@ def test_renders_on_two_threads_bound_each_other_not():
     _stopped(LOOPS, "longer than 0.5", RenderLimits(time_s=0.5))
     thread.join(10)
     assert results == ["hi"] * 200
+
+
+def test_renders_starting_at_once_never_overlap_in_settrace(monkeypatch):
+    # CPython <= 3.11 raises a RuntimeError when one thread calls sys.settrace while another is inside it; a
+    # server starting two renders at once met it. Here each settrace call dwells a moment: no two may overlap.
+    real, inside, overlaps = sys.settrace, [], []
+
+    def dwelling_settrace(function):
+        inside.append(1)
+        if len(inside) > 1:
+            overlaps.append(1)
+        time.sleep(0.001)  # lets the other thread run into its own call
+        inside.pop()
+        real(function)
+
+    monkeypatch.setattr(sys, "settrace", dwelling_settrace)
+    template = ChatTemplate("{{ messages[0].content }}")
+    results = []
+    threads = [threading.Thread(target=lambda: results.extend(template.render(MESSAGES) for _ in range(50)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert results == ["hi"] * 100 and not overlaps
