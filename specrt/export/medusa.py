@@ -241,7 +241,18 @@ def export_heads(heads: MedusaHeads, path: Path, hidden_dtype: torch.dtype, topk
     with torch.no_grad():
         ref_ids, ref_lp = graph(x)
     diff = float(np.abs(lp - ref_lp.numpy()).max())
-    # Near-ties may swap order in fp16; compare the leading candidate, which decides greedy trees.
-    if not np.array_equal(ids[..., 0], ref_ids[..., 0].numpy()) or diff > 5e-2:
+    if not _leaders_agree(ids, ref_ids.numpy(), ref_lp.numpy(), LOGPROB_TOLERANCE) or diff > LOGPROB_TOLERANCE:
         raise ParityError(f"{path.name}: ONNX Runtime differs from PyTorch (max log-prob diff {diff:.3g})")
     return diff
+
+
+LOGPROB_TOLERANCE = 5e-2  # fp16 heads: log-probs round by ~4e-3 near -5, and the sums over the vocabulary further
+
+
+def _leaders_agree(ids: np.ndarray, ref_ids: np.ndarray, ref_lp: np.ndarray, tie: float) -> bool:
+    """Whether ONNX Runtime's leading candidate (``ids[..., 0]``; all arrays [batch, query, heads, topk]), which
+    decides greedy trees, is PyTorch's, or one PyTorch scores within ``tie`` of its own: a near-tie that rounding
+    orders either way (fp16 heads met one in the tests)."""
+    found = ref_ids == ids[..., :1]  # where ONNX Runtime's leader sits in PyTorch's top-k
+    rival = np.where(found, ref_lp, -np.inf).max(axis=-1)
+    return bool(np.all(found.any(axis=-1) & (ref_lp[..., 0] - rival <= tie)))

@@ -103,3 +103,15 @@ def test_fp16_heads_on_an_fp32_bundle(medusa_bundle, pairs, tmp_path):
     for prompt in ("def fib(n):", "class Point:"):
         assert (gen.generate(prompt, max_new_tokens=30, method="medusa").token_ids
                 == gen.generate(prompt, max_new_tokens=30, method="none").token_ids)
+
+
+def test_parity_allows_a_near_tie_to_swap_and_nothing_else():
+    """fp16 heads may order two candidates PyTorch scores 0.01 apart either way; a leader PyTorch ranks far lower,
+    or not at all, is a real difference."""
+    from specrt.export.medusa import _leaders_agree
+
+    ref_ids, ref_lp = np.array([[[[3, 5, 7]]]]), np.array([[[[-1.0, -1.01, -3.0]]]])
+    assert _leaders_agree(np.array([[[[3, 5, 7]]]]), ref_ids, ref_lp, 0.05)
+    assert _leaders_agree(np.array([[[[5, 3, 7]]]]), ref_ids, ref_lp, 0.05)  # the near-tie, swapped
+    assert not _leaders_agree(np.array([[[[7, 3, 5]]]]), ref_ids, ref_lp, 0.05)  # 2 nats below
+    assert not _leaders_agree(np.array([[[[9, 3, 5]]]]), ref_ids, ref_lp, 0.05)  # outside PyTorch's top-k
