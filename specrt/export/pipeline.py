@@ -237,10 +237,14 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
     method = auto_method(manifest)
     bench = f"next: specrt bench --bundle {folder} --methods none,{method}"
     if method == "ngram":
-        return ("auto will run ngram (prompt lookup): the bundle has no draft model or EAGLE-3 head. It pays where a "
-                "reply repeats its prompt; sampled, it can be slower than plain decoding. For a speedup on this "
-                "model, add a drafter: an EAGLE-3 head (specrt eagle train MODEL -o HEAD, then specrt export MODEL "
-                "--eagle HEAD; docs/eagle.md) or a smaller model with the same tokenizer (--draft).\n" + bench)
+        return ("auto will run ngram (prompt lookup): the bundle has no drafter. It pays where a reply repeats its "
+                "prompt; sampled, it would be slower than plain decoding, and auto then runs plain steps. For a "
+                "speedup on this model, add one:\n"
+                "  an EAGLE-3 head published for it: specrt export MODEL --eagle HUB_ID (EAGLE-3 or speculators "
+                "format; docs/eagle.md)\n"
+                "  or your own: specrt eagle train MODEL -o HEAD --time-limit MINUTES (it says how long it will "
+                "take here and what acceptance to expect before it trains), then specrt export MODEL --eagle HEAD\n"
+                "  or a smaller model with the same tokenizer: specrt export MODEL --draft DRAFT\n" + bench)
     what = {"eagle-tree": "the EAGLE-3 head's tree", "eagle": "the EAGLE-3 head's chain: gqa-static graphs verify no "
             "trees", "dflash": "the DFlash draft's block, one pass per step"}.get(method, "the draft model's chain")
     return f"auto will run {method} ({what}).\n{bench}"

@@ -45,8 +45,9 @@ def drafter_class(method: str) -> type[Drafter]:
 
 # What a bundle without a drafter is told, in one line (specrt.load(), run --stats, serve): auto runs prompt lookup.
 NO_DRAFTER = ("no drafter in this bundle: auto runs prompt lookup (ngram), which pays only where a reply repeats its "
-              "prompt (it pauses itself where it would not); for a speedup add an EAGLE-3 head: specrt eagle train "
-              "MODEL -o HEAD, then specrt export MODEL --eagle HEAD (docs/eagle.md)")
+              "prompt (it pauses itself where it would not); for a speedup add an EAGLE-3 head, one published for "
+              "this model (specrt export MODEL --eagle HUB_ID) or your own (specrt eagle train MODEL -o HEAD, then "
+              "--eagle HEAD; docs/eagle.md)")
 
 
 def auto_candidates(manifest: Manifest) -> list[str]:

@@ -43,7 +43,8 @@ def test_the_export_says_what_auto_runs_and_what_to_do_next(bundles, eagle_bundl
     alone = replace(pair, models={"target": pair.models["target"]})
     said = next_steps(alone, "smol")
     assert said.startswith("auto will run ngram (prompt lookup)") and "slower than plain decoding" in said
-    assert "specrt eagle train MODEL -o HEAD" in said and said.endswith("specrt bench --bundle smol --methods none,ngram")
+    assert "specrt eagle train MODEL -o HEAD" in said and "--eagle HUB_ID" in said and "--draft DRAFT" in said
+    assert said.endswith("\nnext: specrt bench --bundle smol --methods none,ngram")
     assert next_steps(pair, "b").startswith("auto will run draft (the draft model's chain)")
     assert next_steps(load_manifest(eagle_bundle), "e").startswith("auto will run eagle-tree")
     head = load_manifest(eagle_bundle)  # gqa-static graphs are causal only: auto runs the head's chain
