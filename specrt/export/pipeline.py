@@ -242,8 +242,8 @@ def next_steps(manifest: Manifest, folder: str | Path) -> str:
                 "speedup on this model, add one:\n"
                 "  an EAGLE-3 head published for it: specrt export MODEL --eagle HUB_ID (EAGLE-3 or speculators "
                 "format; docs/eagle.md)\n"
-                "  or your own: specrt eagle train MODEL -o HEAD --time-limit MINUTES (it says how long it will "
-                "take here and what acceptance to expect before it trains), then specrt export MODEL --eagle HEAD\n"
+                "  or your own: specrt eagle train MODEL -o HEAD --time-limit MINUTES (the run fits in that time "
+                "and says the acceptance to expect before its steps), then specrt export MODEL --eagle HEAD\n"
                 "  or a smaller model with the same tokenizer: specrt export MODEL --draft DRAFT\n" + bench)
     what = {"eagle-tree": "the EAGLE-3 head's tree", "eagle": "the EAGLE-3 head's chain: gqa-static graphs verify no "
             "trees", "dflash": "the DFlash draft's block, one pass per step"}.get(method, "the draft model's chain")
