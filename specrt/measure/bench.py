@@ -191,7 +191,7 @@ def _run_repeat(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Ben
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
     shift = r % len(cfg.methods)
     order = cfg.methods[shift:] + cfg.methods[:shift]
-    if cfg.interleave and energy is None:
+    if _interleaves(cfg, energy):
         _interleaved(gen, prompt_ids, cfg, r, runs, order, on_progress)
     else:
         _in_blocks(gen, prompt_ids, cfg, r, runs, order, on_progress, energy)
@@ -201,16 +201,26 @@ def _run_repeat(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Ben
         runs.peers[peer.name].append(peer.generate(prompt_ids, cfg.max_new_tokens, sampling, cfg.seed + r))
 
 
+def _interleaves(cfg: BenchConfig, energy) -> bool:
+    """Whether the methods take turns prompt by prompt: asked for, and no energy meter that reads blocks."""
+    return cfg.interleave and energy is None
+
+
 def _wants_baseline(cfg: BenchConfig) -> bool:
     """Whether greedy plain decoding runs beside a sampled none, the baseline of "vs greedy"."""
     return cfg.greedy_baseline and not SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p).greedy
+
+
+def _baseline_options(cfg: BenchConfig) -> DecodeOptions:
+    """Greedy plain decoding at the bench's length: the baseline's settings, in either order."""
+    return DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
 
 
 def _interleaved(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: BenchConfig, r: int, runs: _Runs,
                  order: tuple[str, ...], on_progress: Callable[[str], None] | None) -> None:
     """Each prompt through every method (the greedy baseline right after none), the order rotating by prompt."""
     results: dict[str, list] = {m: [] for m in order}
-    greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
+    greedy = _baseline_options(cfg)
     wants_baseline, baseline = _wants_baseline(cfg), []
     for i, ids in enumerate(prompt_ids):
         if on_progress:
@@ -254,7 +264,7 @@ def _config(gen: SpeculativeGenerator, cfg: BenchConfig, prompts: int, costs: di
             "tree": list(cfg.tree.widths),
             "eagle_tree": str(cfg.eagle_tree), "temperature": cfg.temperature,
             "top_k": cfg.top_k, "top_p": cfg.top_p, "prompts": prompts, "chat": cfg.chat,
-            "order": "interleaved" if cfg.interleave and energy is None else "blocks",
+            "order": "interleaved" if _interleaves(cfg, energy) else "blocks",
             "vocab": gen.manifest.target.dims.vocab_size,
             "provider": gen.decoders["target"].provider, "bundle": str(gen.bundle),
             "model_costs": {role: {"weight_bytes": c.weight_bytes,
@@ -322,7 +332,7 @@ def _greedy_none(gen: SpeculativeGenerator, prompt_ids: list[list[int]], cfg: Be
     """One repeat of greedy plain decoding over the prompts: the baseline a sampled run is measured against."""
     if on_progress:
         on_progress(f"repeat {r + 1}/{cfg.repeats} · none, greedy (the baseline)")
-    greedy = DecodeOptions(max_new_tokens=cfg.max_new_tokens, method="none")
+    greedy = _baseline_options(cfg)
     return _aggregate([gen.stream_ids(ids, greedy).result.stats for ids in prompt_ids])
 
 
